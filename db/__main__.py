@@ -1,0 +1,5 @@
+import sys
+
+from db.cli import main
+
+sys.exit(main())

@@ -1,0 +1,322 @@
+"""`python -m db`: migrate, submit and inspect jobs, manage datasets.
+
+Every command takes `--json` for scripts. A mistake by the person typing (a bad flag, a
+spec out of bounds, an unknown job) exits non-zero with one line naming the problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+from db import queue
+from db.datasets import list_datasets
+from db.engine import DatabaseUrlError, get_engine
+from db.imagesets import register_builtin_datasets
+from db.jobview import describe_job, describe_jobs
+from db.migrate import upgrade
+from db.models import JOB_STATUSES
+from db.spec import JobSpec, SpecError, spec_from_json
+
+EXIT_USER_ERROR = 2
+EXIT_DATABASE_ERROR = 3
+
+
+class UserError(Exception):
+    """A problem the person can fix; printed as one line, no traceback."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _field_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _optional_field(name: str) -> bool:
+    return type(None) in getattr(JobSpec.model_fields[name].annotation, "__args__", ())
+
+
+def _add_spec_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("job spec (each flag overrides --spec)")
+    for name, field in JobSpec.model_fields.items():
+        default = field.default
+        help_text = f"{field.description} (default: {default})"
+        if field.annotation is bool:
+            group.add_argument(
+                _field_flag(name),
+                dest=name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_text,
+            )
+        else:
+            group.add_argument(
+                _field_flag(name), dest=name, default=None, metavar="VALUE", help=help_text
+            )
+
+
+def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    if args.spec:
+        path = Path(args.spec)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UserError(f"--spec: cannot read {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise UserError(f"--spec: {path} is not UTF-8 text") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            spec_from_json(text)  # raises SpecError with the position of the mistake
+        if not isinstance(data, dict):
+            raise SpecError({"spec": f"{path} must hold a JSON object of field: value"})
+    for name in JobSpec.model_fields:
+        value = getattr(args, name)
+        if value is None:
+            continue
+        if (
+            isinstance(value, str)
+            and _optional_field(name)
+            and value.strip().lower() in ("", "none")
+        ):
+            value = None
+        data[name] = value
+    return data
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str, ensure_ascii=False))
+
+
+def _age(iso_time: str | None) -> str:
+    if not iso_time:
+        return "-"
+    seconds = (datetime.now(UTC) - datetime.fromisoformat(iso_time)).total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+# --- commands -------------------------------------------------------------------------------
+
+
+def cmd_upgrade(engine: Engine, args: argparse.Namespace) -> None:
+    upgrade(engine)
+    if args.json:
+        _print_json({"upgraded": True})
+    else:
+        print("database is up to date")
+
+
+def cmd_submit(engine: Engine, args: argparse.Namespace) -> None:
+    job_id = queue.submit(engine, _spec_from_args(args))
+    if args.json:
+        _print_json({"id": job_id})
+    else:
+        print(f"queued job {job_id}")
+
+
+def cmd_jobs(engine: Engine, args: argparse.Namespace) -> None:
+    jobs = describe_jobs(engine, args.status or None, args.limit)
+    if args.json:
+        _print_json(jobs)
+        return
+    if not jobs:
+        print("no jobs")
+        return
+    print(f"{'ID':>5}  {'STATUS':<10} {'EPOCH':>7}  {'ACCURACY':>8}  {'AGE':>5}  NAME")
+    for job in jobs:
+        progress = job["progress"]
+        epochs = f"{progress['epoch']}/{progress['total_epochs']}"
+        accuracy = job["final_metrics"].get("accuracy")
+        shown = f"{accuracy:.3f}" if accuracy is not None else "-"
+        print(
+            f"{job['id']:>5}  {job['status']:<10} {epochs:>7}  {shown:>8}  "
+            f"{_age(job['created_at']):>5}  {job['name']}"
+        )
+
+
+def cmd_show(engine: Engine, args: argparse.Namespace) -> None:
+    job = describe_job(engine, args.id)
+    if args.json:
+        _print_json(job)
+        return
+    progress = job["progress"]
+    print(f"job {job['id']}: {job['name']}")
+    print(
+        f"  status:    {job['status']}" + (" (cancel requested)" if job["cancel_requested"] else "")
+    )
+    print(f"  attempts:  {job['attempts']}/{job['max_attempts']}")
+    print(f"  worker:    {job['worker_id'] or '-'}   device: {job['device'] or '-'}")
+    print(
+        f"  progress:  epoch {progress['epoch']}/{progress['total_epochs']}, "
+        f"step {progress['step']}/{progress['total_steps']}"
+    )
+    for name, value in sorted(job["final_metrics"].items()):
+        print(f"  {name + ':':<11}{value:.4g}")
+    for artifact in job["artifacts"]:
+        print(
+            f"  {artifact['kind']}: {artifact['path']} ({artifact['bytes']} bytes, "
+            f"sha256 {artifact['sha256']})"
+        )
+    if job["error"]:
+        print("  error:\n    " + job["error"].strip().replace("\n", "\n    "))
+    print("  spec:    " + json.dumps(job["spec"]))
+
+
+def cmd_cancel(engine: Engine, args: argparse.Namespace) -> None:
+    outcome = queue.cancel(engine, args.id)
+    if args.json:
+        _print_json({"id": args.id, "status": outcome})
+    elif outcome == "cancelled":
+        print(f"cancelled job {args.id}")
+    else:
+        print(f"job {args.id} is running; it stops at its next batch")
+
+
+def cmd_retry(engine: Engine, args: argparse.Namespace) -> None:
+    new_id = queue.retry(engine, args.id)
+    if args.json:
+        _print_json({"id": new_id, "retry_of": args.id})
+    else:
+        print(f"queued job {new_id} (a retry of job {args.id})")
+
+
+def cmd_dataset_list(engine: Engine, args: argparse.Namespace) -> None:
+    datasets = list_datasets(engine)
+    if args.json:
+        _print_json(
+            [
+                {
+                    "name": d.name,
+                    "kind": d.kind,
+                    "location": d.location,
+                    "label_rule": d.label_rule,
+                    "classes": d.classes,
+                    "class_counts": d.class_counts,
+                    "item_count": d.item_count,
+                    "bad_files": d.bad_files,
+                }
+                for d in datasets
+            ]
+        )
+        return
+    if not datasets:
+        print("no datasets; `python -m db dataset builtin` adds the digits set")
+    for d in datasets:
+        print(
+            f"{d.name:<20} {d.kind:<8} {len(d.classes):>4} classes {d.item_count:>7} images  "
+            f"{d.location}"
+        )
+
+
+def cmd_dataset_builtin(engine: Engine, args: argparse.Namespace) -> None:
+    location = register_builtin_datasets(engine)
+    if args.json:
+        _print_json({"name": "digits", "location": str(location)})
+    else:
+        print(f"built-in dataset digits is at {location}")
+
+
+# --- parser ---------------------------------------------------------------------------------
+
+
+def _positive_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a job id is a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a job id is at least 1, not {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, not {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m db", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
+
+    def command(name: str, handler, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("--json", action="store_true", help="print JSON for scripts")
+        sub.set_defaults(handler=handler)
+        return sub
+
+    command("upgrade", cmd_upgrade, "create or migrate the database schema")
+    submit = command("submit", cmd_submit, "queue a training job")
+    submit.add_argument("--spec", metavar="FILE.json", help="a JSON file with spec fields")
+    _add_spec_flags(submit)
+    jobs = command("jobs", cmd_jobs, "list jobs, newest first")
+    jobs.add_argument(
+        "--status",
+        action="append",
+        choices=JOB_STATUSES,
+        help="only jobs in this status (repeatable)",
+    )
+    jobs.add_argument("--limit", type=_positive_int, default=None, help="at most this many")
+    for name, handler, help_text in (
+        ("show", cmd_show, "one job: status, progress, final metrics, artifacts, error"),
+        ("cancel", cmd_cancel, "cancel a queued job, or stop a running one at its next batch"),
+        ("retry", cmd_retry, "queue a finished job again with the same spec"),
+    ):
+        command(name, handler, help_text).add_argument("id", type=_positive_id, help="job id")
+
+    dataset = commands.add_parser("dataset", help="register and list image datasets")
+    dataset_commands = dataset.add_subparsers(
+        dest="dataset_command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
+    for name, handler, help_text in (
+        ("list", cmd_dataset_list, "registered datasets with their classes and image counts"),
+        ("builtin", cmd_dataset_builtin, "write the built-in digits set and register it"),
+    ):
+        sub = dataset_commands.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("--json", action="store_true", help="print JSON for scripts")
+        sub.set_defaults(handler=handler)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        engine = get_engine()
+        args.handler(engine, args)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except (UserError, queue.JobNotFound, queue.JobStateError, DatabaseUrlError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except (OperationalError, ProgrammingError) as exc:
+        print(f"error: {_database_problem(exc)}", file=sys.stderr)
+        return EXIT_DATABASE_ERROR
+    return 0
+
+
+def _database_problem(exc: Exception) -> str:
+    text = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+    if "no such table" in text or ("does not exist" in text and "relation" in text):
+        return "the database has no traindeck tables yet; run `python -m db upgrade`"
+    return f"database unavailable: {text}"

@@ -1,0 +1,67 @@
+"""The dataset registry: the `datasets` table. (Files on disk: `db.imagesets`.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, delete, select
+from sqlalchemy.orm import Session
+
+from db.engine import read_tx, write_tx
+from db.models import Dataset, utcnow
+
+BUILTIN_DATASETS = ("digits",)
+
+
+def dataset_names(engine: Engine) -> set[str]:
+    with read_tx(engine) as connection:
+        return set(connection.execute(select(Dataset.name)).scalars())
+
+
+def list_datasets(engine: Engine) -> list[Dataset]:
+    with read_tx(engine) as connection, Session(bind=connection) as session:
+        datasets = list(session.scalars(select(Dataset).order_by(Dataset.name)))
+        session.expunge_all()
+        return datasets
+
+
+def get_dataset(engine: Engine, name: str) -> Dataset | None:
+    with read_tx(engine) as connection, Session(bind=connection) as session:
+        dataset = session.get(Dataset, name)
+        if dataset is not None:
+            session.expunge(dataset)
+        return dataset
+
+
+def save_dataset(
+    engine: Engine,
+    *,
+    name: str,
+    kind: str,
+    location: str,
+    label_rule: dict[str, Any],
+    classes: list[str],
+    class_counts: dict[str, int],
+    bad_files: list[str] | None = None,
+) -> None:
+    """Insert or replace the registry row of one dataset."""
+    with write_tx(engine) as connection:
+        connection.execute(delete(Dataset).where(Dataset.name == name))
+        connection.execute(
+            Dataset.__table__.insert().values(
+                name=name,
+                kind=kind,
+                location=location,
+                label_rule=label_rule,
+                classes=classes,
+                class_counts=class_counts,
+                item_count=sum(class_counts.values()),
+                bad_files=bad_files or [],
+                created_at=utcnow(),
+            )
+        )
+
+
+def remove_dataset(engine: Engine, name: str) -> bool:
+    with write_tx(engine) as connection:
+        return connection.execute(delete(Dataset).where(Dataset.name == name)).rowcount == 1

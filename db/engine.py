@@ -1,0 +1,117 @@
+"""The one engine factory, and the transaction helpers every query in `db/` goes through.
+
+SQLite: WAL mode (readers never block the writer), a busy timeout, and write transactions
+opened with `BEGIN IMMEDIATE`. A deferred transaction that reads and then writes cannot wait
+for the lock it needs to upgrade to and fails at once with "database is locked"; an immediate
+one takes the write lock up front and so waits out the busy timeout instead. Read-only
+transactions (`read_tx`) stay deferred so that the dashboard never queues behind a worker.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+from db import config
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+_READ_ONLY = "traindeck_read_only"
+
+_engines: dict[str, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+class DatabaseUrlError(ValueError):
+    """DATABASE_URL names a database traindeck cannot use."""
+
+
+def normalize_url(url: str) -> str:
+    """Accept `postgres://` and `postgresql://` and use the psycopg 3 driver for them."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def is_sqlite(engine: Engine | Connection) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def create_db_engine(url: str | None = None) -> Engine:
+    """A new engine for `url` (default: `DATABASE_URL` or the SQLite file in the data folder)."""
+    url = normalize_url(url or config.database_url())
+    try:
+        parsed = make_url(url)
+    except Exception as exc:
+        raise DatabaseUrlError(f"DATABASE_URL is not a database URL: {url!r}") from exc
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return _sqlite_engine(url, parsed.database)
+    if backend == "postgresql":
+        return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    raise DatabaseUrlError(f"DATABASE_URL must be sqlite:/// or postgresql://, got {backend!r}")
+
+
+def get_engine(url: str | None = None) -> Engine:
+    """The process-wide engine for `url`, created on first use."""
+    url = normalize_url(url or config.database_url())
+    with _engines_lock:
+        engine = _engines.get(url)
+        if engine is None:
+            engine = _engines[url] = create_db_engine(url)
+        return engine
+
+
+def dispose_engines() -> None:
+    """Close every cached engine (tests, and a child process after fork)."""
+    with _engines_lock:
+        for engine in _engines.values():
+            engine.dispose()
+        _engines.clear()
+
+
+def _sqlite_engine(url: str, database: str | None) -> Engine:
+    if database and database != ":memory:" and not database.startswith("file:"):
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record) -> None:
+        # Let SQLAlchemy's "begin" event below, not the sqlite3 module, open transactions.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        if connection.get_execution_options().get(_READ_ONLY):
+            connection.exec_driver_sql("BEGIN")
+        else:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+@contextmanager
+def write_tx(engine: Engine) -> Iterator[Connection]:
+    """A transaction that may write: committed on success, rolled back on error."""
+    with engine.begin() as connection:
+        yield connection
+
+
+@contextmanager
+def read_tx(engine: Engine) -> Iterator[Connection]:
+    """A read-only transaction (deferred on SQLite, so it never waits for a writer)."""
+    with engine.connect() as connection:
+        connection = connection.execution_options(**{_READ_ONLY: True})
+        with connection.begin():
+            yield connection

@@ -1,0 +1,177 @@
+"""The tables, as SQLAlchemy 2.0 typed models. Schema changes go through Alembic migrations."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stored as naive UTC on every backend; read back as timezone-aware UTC."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSON(),
+        list[Any]: JSON(),
+    }
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200))
+    spec: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Bumped at every claim: a worker's heartbeats and state changes name the lease they
+    # hold, so a worker that lost its claim (declared stale, job taken by another) finds out.
+    lease: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    device: Mapped[str | None] = mapped_column(String(200))
+    heartbeat_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    total_epochs: Mapped[int] = mapped_column(Integer, default=0)
+    total_steps: Mapped[int] = mapped_column(Integer, default=0)
+    eta_seconds: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    cloned_from: Mapped[int | None] = mapped_column(Integer)
+
+    __table_args__ = (
+        # The claim query: the next queued job by priority, then age.
+        Index("ix_jobs_claim", "status", "priority", "id"),
+        Index("ix_jobs_created_at", "created_at"),
+    )
+
+
+class Metric(Base):
+    __tablename__ = "metrics"
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    step: Mapped[int] = mapped_column(Integer)
+    epoch: Mapped[int | None] = mapped_column(Integer)
+    value: Mapped[float] = mapped_column(Float)
+    wall_time: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (
+        # A resumed job re-sends points it may already have written: they must not double.
+        UniqueConstraint("job_id", "name", "step", name="uq_metrics_job_name_step"),
+        # The job page asks for "rows of this job newer than the last one I drew".
+        Index("ix_metrics_job_id_id", "job_id", "id"),
+    )
+
+
+class XlaReport(Base):
+    __tablename__ = "xla_reports"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    epoch: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    summary: Mapped[dict[str, Any]]
+    raw: Mapped[str] = mapped_column(Text)
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    path: Mapped[str] = mapped_column(Text)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("job_id", "kind", name="uq_artifacts_job_kind"),)
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    device: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16), default="idle")
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+    current_job_id: Mapped[int | None] = mapped_column(Integer)
+    jobs_done: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    time: Mapped[datetime] = mapped_column(default=utcnow)
+    level: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text)
+
+    __table_args__ = (Index("ix_job_events_job_id_id", "job_id", "id"),)
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    location: Mapped[str] = mapped_column(Text)
+    label_rule: Mapped[dict[str, Any]]
+    classes: Mapped[list[Any]]
+    class_counts: Mapped[dict[str, Any]]
+    item_count: Mapped[int] = mapped_column(Integer, default=0)
+    bad_files: Mapped[list[Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

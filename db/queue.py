@@ -1,0 +1,438 @@
+"""The job queue: every state change of a job, each one SQL statement, all of them here.
+
+A job's life: `queued` → (claim) → `running` → `succeeded` | `failed` | `cancelled`, or back
+to `queued` when its worker stops gracefully or is declared stale. Each claim bumps the job's
+`lease`; a worker passes its `Lease` to every later change, and a change whose lease is no
+longer current touches nothing, so a worker that lost its claim cannot overwrite the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import select as select_module
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Engine, delete, func, insert, select, text, update
+from sqlalchemy.orm import Session
+
+from db.engine import is_sqlite, read_tx, write_tx
+from db.models import FINISHED_STATUSES, Job, JobEvent, utcnow
+from db.spec import JobSpec, parse_spec
+
+log = logging.getLogger(__name__)
+
+NOTIFY_CHANNEL = "traindeck_jobs"
+MAX_ERROR_CHARS = 20_000
+
+
+class JobNotFound(LookupError):
+    def __init__(self, job_id: int):
+        super().__init__(f"no job with id {job_id}")
+        self.job_id = job_id
+
+
+class JobStateError(ValueError):
+    """The job is in a state where the asked change makes no sense."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Proof that a worker holds a job: the job id, the worker, and the claim number."""
+
+    job_id: int
+    worker_id: str
+    lease: int
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    lease: Lease
+    name: str
+    spec: dict[str, Any]
+    attempts: int
+    max_attempts: int
+
+    @property
+    def id(self) -> int:
+        return self.lease.job_id
+
+
+@dataclass(frozen=True)
+class HeartbeatReply:
+    """What the queue tells a worker at each heartbeat."""
+
+    still_owned: bool
+    cancel_requested: bool
+
+
+def _session(connection) -> Session:
+    return Session(bind=connection, expire_on_commit=False)
+
+
+def _owned(lease: Lease):
+    return (
+        (Job.id == lease.job_id)
+        & (Job.worker_id == lease.worker_id)
+        & (Job.lease == lease.lease)
+        & (Job.status == "running")
+    )
+
+
+def _event(job_id: int, level: str, message: str) -> Any:
+    return insert(JobEvent).values(job_id=job_id, time=utcnow(), level=level, message=message)
+
+
+# --- submit ---------------------------------------------------------------------------------
+
+
+def known_dataset_names(engine: Engine) -> set[str]:
+    """Names a spec may use: every registered dataset, plus the built-in ones."""
+    from db.datasets import BUILTIN_DATASETS, dataset_names
+
+    return dataset_names(engine) | set(BUILTIN_DATASETS)
+
+
+def submit(
+    engine: Engine, data: dict[str, Any] | JobSpec, *, cloned_from: int | None = None
+) -> int:
+    """Validate `data` as a job spec (raising `SpecError`) and queue it. Returns the job id."""
+    spec = parse_spec(data, known_dataset_names(engine))
+    return enqueue(engine, spec, cloned_from=cloned_from)
+
+
+def enqueue(engine: Engine, spec: JobSpec, *, cloned_from: int | None = None) -> int:
+    """Insert an already validated spec as a queued job; wakes idle Postgres workers."""
+    with write_tx(engine) as connection:
+        job_id = connection.execute(
+            insert(Job)
+            .values(
+                name=spec.display_name,
+                spec=spec.model_dump(mode="json"),
+                status="queued",
+                priority=spec.priority,
+                max_attempts=spec.max_attempts,
+                total_epochs=spec.epochs,
+                created_at=utcnow(),
+                cloned_from=cloned_from,
+            )
+            .returning(Job.id)
+        ).scalar_one()
+        if not is_sqlite(connection):
+            connection.execute(text("SELECT pg_notify(:channel, '')"), {"channel": NOTIFY_CHANNEL})
+    return job_id
+
+
+# --- claim and run --------------------------------------------------------------------------
+
+
+def claim(engine: Engine, worker_id: str) -> ClaimedJob | None:
+    """Atomically take the highest-priority, oldest queued job, or None when there is none.
+
+    Postgres: the candidate row is locked with `FOR UPDATE SKIP LOCKED` in a CTE, so racing
+    workers each take a different row without waiting. SQLite: the transaction is `BEGIN
+    IMMEDIATE` (one writer at a time) and the UPDATE re-checks `status = 'queued'`.
+    """
+    now = utcnow()
+    candidate = (
+        select(Job.id).where(Job.status == "queued").order_by(Job.priority.desc(), Job.id).limit(1)
+    )
+    changes = {
+        "status": "running",
+        "worker_id": worker_id,
+        "attempts": Job.attempts + 1,
+        "lease": Job.lease + 1,
+        "started_at": now,
+        "heartbeat_at": now,
+        "finished_at": None,
+        "error": None,
+    }
+    returning = (Job.id, Job.lease, Job.name, Job.spec, Job.attempts, Job.max_attempts)
+    with write_tx(engine) as connection:
+        if is_sqlite(connection):
+            statement = (
+                update(Job)
+                .where(Job.id == candidate.scalar_subquery(), Job.status == "queued")
+                .values(**changes)
+                .returning(*returning)
+            )
+        else:
+            next_job = candidate.with_for_update(skip_locked=True).cte("next_job")
+            statement = (
+                update(Job).where(Job.id == next_job.c.id).values(**changes).returning(*returning)
+            )
+        row = connection.execute(statement).one_or_none()
+        if row is None:
+            return None
+        connection.execute(
+            _event(row.id, "info", f"claimed by worker {worker_id} (attempt {row.attempts})")
+        )
+    return ClaimedJob(
+        lease=Lease(row.id, worker_id, row.lease),
+        name=row.name,
+        spec=row.spec,
+        attempts=row.attempts,
+        max_attempts=row.max_attempts,
+    )
+
+
+def heartbeat(engine: Engine, lease: Lease) -> HeartbeatReply:
+    """Mark the job alive; tells whether the worker still holds it and whether to cancel."""
+    with write_tx(engine) as connection:
+        row = connection.execute(
+            update(Job)
+            .where(_owned(lease))
+            .values(heartbeat_at=utcnow())
+            .returning(Job.cancel_requested)
+        ).one_or_none()
+    if row is None:
+        return HeartbeatReply(still_owned=False, cancel_requested=False)
+    return HeartbeatReply(still_owned=True, cancel_requested=bool(row.cancel_requested))
+
+
+def set_progress(
+    engine: Engine,
+    lease: Lease,
+    *,
+    epoch: int,
+    step: int,
+    total_epochs: int,
+    total_steps: int,
+    eta_seconds: float | None,
+    device: str | None = None,
+) -> bool:
+    """Record how far the job is. False when the lease is no longer held."""
+    values: dict[str, Any] = {
+        "epoch": epoch,
+        "step": step,
+        "total_epochs": total_epochs,
+        "total_steps": total_steps,
+        "eta_seconds": eta_seconds,
+    }
+    if device is not None:
+        values["device"] = device
+    with write_tx(engine) as connection:
+        result = connection.execute(update(Job).where(_owned(lease)).values(**values))
+    return result.rowcount == 1
+
+
+def finish(engine: Engine, lease: Lease, status: str, error: str | None = None) -> bool:
+    """End a running job as succeeded, failed or cancelled. False when the lease was lost."""
+    if status not in FINISHED_STATUSES:
+        raise ValueError(f"a job finishes as one of {FINISHED_STATUSES}, not {status!r}")
+    if error is not None and len(error) > MAX_ERROR_CHARS:
+        error = "…" + error[-MAX_ERROR_CHARS:]
+    message = f"finished: {status}" + (f" — {error.strip().splitlines()[-1]}" if error else "")
+    with write_tx(engine) as connection:
+        result = connection.execute(
+            update(Job)
+            .where(_owned(lease))
+            .values(status=status, error=error, finished_at=utcnow(), eta_seconds=None)
+        )
+        if result.rowcount != 1:
+            return False
+        connection.execute(_event(lease.job_id, "error" if status == "failed" else "info", message))
+    return True
+
+
+def release(engine: Engine, lease: Lease, reason: str) -> bool:
+    """Give a running job back to the queue without spending an attempt (graceful shutdown)."""
+    with write_tx(engine) as connection:
+        result = connection.execute(
+            update(Job)
+            .where(_owned(lease))
+            .values(
+                status="queued",
+                worker_id=None,
+                heartbeat_at=None,
+                attempts=Job.attempts - 1,
+                eta_seconds=None,
+            )
+        )
+        if result.rowcount != 1:
+            return False
+        connection.execute(_event(lease.job_id, "warning", f"requeued: {reason}"))
+    return True
+
+
+def requeue_stale(engine: Engine, timeout_s: float) -> list[tuple[int, str]]:
+    """Recover running jobs whose heartbeat is older than `timeout_s`.
+
+    Each goes back to `queued` while it has attempts left, else to `failed`; one whose
+    cancel was requested becomes `cancelled`. Returns (job id, new status) pairs.
+    """
+    now = utcnow()
+    stale = (Job.status == "running") & (Job.heartbeat_at < now - timedelta(seconds=timeout_s))
+    reason = f"its worker sent no heartbeat for {timeout_s:g} s"
+    outcomes: list[tuple[int, str]] = []
+    with write_tx(engine) as connection:
+        cancelled = connection.execute(
+            update(Job)
+            .where(stale & Job.cancel_requested)
+            .values(status="cancelled", finished_at=now, error=f"cancelled; {reason}")
+            .returning(Job.id)
+        ).scalars()
+        outcomes += [(job_id, "cancelled") for job_id in cancelled]
+        failed = connection.execute(
+            update(Job)
+            .where(stale & (Job.attempts >= Job.max_attempts))
+            .values(
+                status="failed",
+                finished_at=now,
+                error=f"{reason}, and all its attempts are used",
+            )
+            .returning(Job.id)
+        ).scalars()
+        outcomes += [(job_id, "failed") for job_id in failed]
+        requeued = connection.execute(
+            update(Job)
+            .where(stale)
+            .values(status="queued", worker_id=None, heartbeat_at=None, eta_seconds=None)
+            .returning(Job.id)
+        ).scalars()
+        outcomes += [(job_id, "queued") for job_id in requeued]
+        for job_id, status in outcomes:
+            verb = "requeued" if status == "queued" else status
+            level = "error" if status == "failed" else "warning"
+            connection.execute(_event(job_id, level, f"{verb}: {reason}"))
+    return outcomes
+
+
+# --- what a person does ---------------------------------------------------------------------
+
+
+def cancel(engine: Engine, job_id: int) -> str:
+    """Cancel a job: a queued one at once, a running one at its next batch. Returns its status."""
+    with write_tx(engine) as connection:
+        now = utcnow()
+        cancelled = connection.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == "queued")
+            .values(status="cancelled", finished_at=now, error="cancelled before it started")
+        ).rowcount
+        if cancelled:
+            connection.execute(_event(job_id, "info", "cancelled while queued"))
+            return "cancelled"
+        requested = connection.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == "running")
+            .values(cancel_requested=True)
+        ).rowcount
+        if requested:
+            connection.execute(_event(job_id, "info", "cancel requested"))
+            return "cancelling"
+        status = connection.execute(select(Job.status).where(Job.id == job_id)).scalar()
+    if status is None:
+        raise JobNotFound(job_id)
+    raise JobStateError(f"job {job_id} is already {status}")
+
+
+def retry(engine: Engine, job_id: int) -> int:
+    """Queue a finished job again, as a new job with the same spec. Returns the new id."""
+    job = get_job(engine, job_id)
+    if job.status not in FINISHED_STATUSES:
+        raise JobStateError(f"job {job_id} is {job.status}; only a finished job can be retried")
+    return clone(engine, job_id)
+
+
+def clone(engine: Engine, job_id: int, changes: dict[str, Any] | None = None) -> int:
+    """A new queued job with the spec of `job_id`, with `changes` applied (validated)."""
+    job = get_job(engine, job_id)
+    return submit(engine, {**job.spec, **(changes or {})}, cloned_from=job_id)
+
+
+def delete_job(engine: Engine, job_id: int) -> None:
+    """Delete a finished job and all its rows. (Its files are the caller's: `db.files`.)"""
+    with write_tx(engine) as connection:
+        deleted = connection.execute(
+            delete(Job).where(Job.id == job_id, Job.status.in_(FINISHED_STATUSES))
+        ).rowcount
+        if deleted:
+            return
+        status = connection.execute(select(Job.status).where(Job.id == job_id)).scalar()
+    if status is None:
+        raise JobNotFound(job_id)
+    raise JobStateError(f"job {job_id} is {status}; cancel it and wait until it has stopped")
+
+
+# --- reading --------------------------------------------------------------------------------
+
+
+def get_job(engine: Engine, job_id: int) -> Job:
+    with read_tx(engine) as connection, _session(connection) as session:
+        job = session.get(Job, job_id)
+    if job is None:
+        raise JobNotFound(job_id)
+    return job
+
+
+def list_jobs(
+    engine: Engine, statuses: list[str] | None = None, limit: int | None = None
+) -> list[Job]:
+    """Jobs, newest first, optionally only those in `statuses`."""
+    statement = select(Job).order_by(Job.id.desc())
+    if statuses:
+        statement = statement.where(Job.status.in_(statuses))
+    if limit is not None:
+        statement = statement.limit(limit)
+    with read_tx(engine) as connection, _session(connection) as session:
+        return list(session.scalars(statement))
+
+
+def count_by_status(engine: Engine) -> dict[str, int]:
+    with read_tx(engine) as connection:
+        rows = connection.execute(select(Job.status, func.count()).group_by(Job.status))
+        return {status: count for status, count in rows}
+
+
+# --- waiting for work -----------------------------------------------------------------------
+
+
+class JobSignal:
+    """Lets an idle worker sleep until a job may be there.
+
+    On Postgres it LISTENs on the channel `enqueue` notifies, so a submit wakes the worker
+    at once; on SQLite (or if listening fails) it simply sleeps the poll interval.
+    """
+
+    def __init__(self, engine: Engine):
+        self._engine = engine
+        self._connection: Any = None
+
+    def wait(self, timeout_s: float) -> None:
+        if is_sqlite(self._engine):
+            time.sleep(timeout_s)
+            return
+        try:
+            connection = self._listen()
+            ready, _, _ = select_module.select([connection.fileno()], [], [], timeout_s)
+            if ready:
+                for _ in connection.notifies(timeout=0, stop_after=1):
+                    pass
+                # Drain the rest so that a burst of submits wakes the worker only once.
+                for _ in connection.notifies(timeout=0):
+                    pass
+        except Exception as exc:  # the database went away: fall back to sleeping
+            log.warning("job signal unavailable (%s); polling instead", exc)
+            self.close()
+            time.sleep(timeout_s)
+
+    def _listen(self) -> Any:
+        if self._connection is None or self._connection.closed:
+            import psycopg
+
+            url = self._engine.url.set(drivername="postgresql")
+            self._connection = psycopg.connect(
+                url.render_as_string(hide_password=False), autocommit=True, connect_timeout=5
+            )
+            self._connection.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        return self._connection
+
+    def close(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                self._connection.close()
+            self._connection = None

@@ -1,0 +1,259 @@
+"""The job spec: everything a person sets for one training job, with defaults and bounds.
+
+The dashboard form and the CLI both build a `JobSpec`; `SpecError` carries messages that
+name the field, in words a person understands.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+# Architecture names the worker knows how to build (torchvision models via fastai).
+ARCHITECTURES: tuple[str, ...] = (
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnet101",
+    "convnext_tiny",
+    "efficientnet_b0",
+    "mobilenet_v3_small",
+)
+SCHEDULES = ("one_cycle", "fine_tune")
+MIXED_PRECISION = ("none", "bf16", "fp16")
+DEVICES = ("auto", "xla", "cuda", "cpu")
+
+MAX_NAME_LENGTH = 200
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class SpecError(ValueError):
+    """A job spec was refused. `problems` maps each field to what is wrong with it."""
+
+    def __init__(self, problems: dict[str, str]):
+        self.problems = problems
+        super().__init__("; ".join(f"{field}: {message}" for field, message in problems.items()))
+
+
+class JobSpec(BaseModel):
+    """One training job. Validate with `parse_spec` to get person-readable errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(
+        "",
+        max_length=MAX_NAME_LENGTH,
+        description="A name to find the job by; empty means 'arch on dataset'.",
+    )
+    dataset: str = Field(
+        "digits",
+        min_length=1,
+        max_length=100,
+        description="A registered dataset; 'digits' is built in.",
+    )
+    arch: Literal[ARCHITECTURES] = Field(
+        "resnet18",  # type: ignore[valid-type]
+        description="The torchvision architecture.",
+    )
+    pretrained: bool = Field(
+        False,
+        description="Start from ImageNet weights (they must be in "
+        "the torch cache of the worker, or the worker must be online).",
+    )
+    epochs: int = Field(3, ge=1, le=1000, description="Passes over the training set.")
+    lr: float | Literal["find"] = Field(
+        1e-3,
+        description="Peak learning rate, or 'find' to run fastai's lr_find and use its suggestion.",
+    )
+    schedule: Literal[SCHEDULES] = Field(
+        "one_cycle",  # type: ignore[valid-type]
+        description="fit_one_cycle, or fine_tune (freeze the "
+        "body for one epoch, then train everything).",
+    )
+    bs: int = Field(64, ge=1, le=4096, description="Global batch size.")
+    img_size: int = Field(
+        64, ge=8, le=1024, description="Images are resized to this square, in pixels."
+    )
+    valid_pct: float = Field(
+        0.2,
+        ge=0.05,
+        le=0.5,
+        description="Share of the images held out "
+        "for validation (ignored when the dataset has train/ and valid/).",
+    )
+    seed: int = Field(
+        42, ge=0, le=2**31 - 1, description="Random seed for the split and the initial weights."
+    )
+    augment: bool = Field(False, description="fastai's aug_transforms (flips, rotation, lighting).")
+    mixed_precision: Literal[MIXED_PRECISION] = Field(  # type: ignore[valid-type]
+        "none", description="bf16 autocast (XLA, CUDA, CPU) or fp16 with loss scaling (CUDA)."
+    )
+    grad_accum: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Accumulate gradients over this many batches before each optimizer step.",
+    )
+    grad_clip: float | None = Field(
+        None,
+        gt=0,
+        le=1e6,
+        description="Clip the gradient norm to this value; empty for no clipping.",
+    )
+    wd: float = Field(0.01, ge=0, le=1, description="Weight decay.")
+    device: Literal[DEVICES] = Field(
+        "auto",  # type: ignore[valid-type]
+        description="auto takes a TPU, else CUDA, else the CPU.",
+    )
+    cores: int | None = Field(
+        None, ge=1, le=4096, description="XLA devices to use; empty means all the worker has."
+    )
+    priority: int = Field(
+        0, ge=-100, le=100, description="Higher runs first; equal priorities run oldest first."
+    )
+    max_attempts: int = Field(
+        3,
+        ge=1,
+        le=20,
+        description="How many times the job may be claimed before a lost worker fails it for good.",
+    )
+    time_limit: int | None = Field(
+        None,
+        ge=1,
+        le=30 * 24 * 3600,
+        description="Seconds of "
+        "training after which the job is stopped and failed; "
+        "empty for none.",
+    )
+
+    @field_validator("name", "dataset")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        value = value.strip()
+        if _CONTROL_CHARS.search(value):
+            raise ValueError("must not contain control characters")
+        return value
+
+    @field_validator("lr", mode="before")
+    @classmethod
+    def _lr_number_or_find(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip().lower()
+            if text == "find":
+                return "find"
+            try:
+                return float(text)
+            except ValueError:
+                raise ValueError("must be a positive number or 'find'") from None
+        return value
+
+    @field_validator("lr")
+    @classmethod
+    def _lr_bounds(cls, value: float | str) -> float | str:
+        if value == "find":
+            return value
+        if not value > 0:
+            raise ValueError("must be greater than 0 (or 'find')")
+        if value > 10:
+            raise ValueError("must be at most 10")
+        return value
+
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, value: str, info: ValidationInfo) -> str:
+        known = (info.context or {}).get("datasets")
+        if known is not None and value not in known:
+            choices = ", ".join(sorted(known)) or "none"
+            raise ValueError(f"unknown dataset {value!r}; registered: {choices}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        if self.mixed_precision == "fp16" and self.device == "xla":
+            raise ValueError("mixed_precision: fp16 runs on CUDA only; use bf16 on XLA")
+        if self.mixed_precision == "fp16" and self.device == "cpu":
+            raise ValueError("mixed_precision: fp16 runs on CUDA only; use bf16 or none on the CPU")
+        if self.cores is not None and self.device not in ("xla", "auto"):
+            raise ValueError("cores: only XLA jobs spread over several cores")
+        return self
+
+    @property
+    def display_name(self) -> str:
+        return self.name or f"{self.arch} on {self.dataset}"
+
+
+FIELD_NAMES: tuple[str, ...] = tuple(JobSpec.model_fields)
+
+
+def _humanize(error: dict[str, Any]) -> tuple[str, str]:
+    """(field, message) for one pydantic error, in plain words."""
+    loc = [str(part) for part in error.get("loc", ()) if not str(part).startswith("function-")]
+    kind = error.get("type", "")
+    message = str(error.get("msg", "is invalid"))
+    ctx = error.get("ctx") or {}
+    field = loc[0] if loc else ""
+    if kind == "extra_forbidden":
+        return field, "is not a spec field"
+    if kind == "literal_error":
+        return field, f"must be one of {ctx.get('expected', '')}".replace("'", "")
+    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+        words = {
+            "greater_than_equal": "at least",
+            "less_than_equal": "at most",
+            "greater_than": "greater than",
+            "less_than": "less than",
+        }[kind]
+        limit = next(iter(ctx.values()), "")
+        return field, f"must be {words} {limit}"
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        return field, "must be a whole number"
+    if kind in ("float_parsing", "float_type"):
+        return field, "must be a number"
+    if kind in ("bool_parsing", "bool_type"):
+        return field, "must be true or false"
+    if kind == "string_too_long":
+        return field, f"must be at most {ctx.get('max_length')} characters"
+    if kind == "string_too_short":
+        return field, "must not be empty"
+    if kind == "string_type":
+        return field, "must be text"
+    message = message.removeprefix("Value error, ")
+    if not field and ": " in message:
+        field, message = message.split(": ", 1)
+    return field or "spec", message
+
+
+def parse_spec(data: Any, known_datasets: set[str] | None = None) -> JobSpec:
+    """Validate `data` (a mapping) into a `JobSpec`, or raise `SpecError` naming each field."""
+    if isinstance(data, JobSpec):
+        data = data.model_dump()
+    if not isinstance(data, dict):
+        raise SpecError({"spec": "must be a JSON object of field: value"})
+    context = {"datasets": known_datasets} if known_datasets is not None else None
+    try:
+        return JobSpec.model_validate(data, context=context)
+    except ValidationError as exc:
+        problems: dict[str, str] = {}
+        for error in exc.errors():
+            field, message = _humanize(error)
+            problems.setdefault(field, message)
+        raise SpecError(problems) from None
+
+
+def spec_from_json(text: str, known_datasets: set[str] | None = None) -> JobSpec:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError({"spec": f"is not valid JSON ({exc.msg} at line {exc.lineno})"}) from None
+    return parse_spec(data, known_datasets)

@@ -1,0 +1,189 @@
+"""What a running job reports: metric points, its log (job events) and XLA metrics reports.
+
+Metric names carry their cadence as a prefix: `batch/…` (one point per optimizer step,
+step = global iteration), `epoch/…` (step = epoch index) and `lr_find/…` (step = the
+lr_find iteration). A point is unique by (job, name, step): writing it again is a no-op,
+so a resumed job that re-sends points never doubles them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, and_, func, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from db.engine import is_sqlite, read_tx, write_tx
+from db.models import JobEvent, Metric, XlaReport, utcnow
+
+BATCH = "batch/"
+EPOCH = "epoch/"
+LR_FIND = "lr_find/"
+MAX_EVENT_CHARS = 20_000
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    name: str
+    step: int
+    value: float
+    epoch: int | None = None
+    wall_time: float = 0.0
+
+
+@dataclass(frozen=True)
+class EventRow:
+    id: int
+    time: datetime
+    level: str
+    message: str
+
+
+def write_metrics(engine: Engine, job_id: int, points: Sequence[MetricPoint]) -> int:
+    """Insert points, skipping any (job, name, step) already stored. Returns rows offered."""
+    if not points:
+        return 0
+    rows = [
+        {
+            "job_id": job_id,
+            "name": point.name,
+            "step": point.step,
+            "epoch": point.epoch,
+            "value": float(point.value),
+            "wall_time": point.wall_time,
+        }
+        for point in points
+    ]
+    with write_tx(engine) as connection:
+        dialect_insert = sqlite.insert if is_sqlite(connection) else postgresql.insert
+        statement = dialect_insert(Metric).on_conflict_do_nothing(
+            index_elements=["job_id", "name", "step"]
+        )
+        connection.execute(statement, rows)
+    return len(rows)
+
+
+def metrics_since(
+    engine: Engine, job_id: int, after_id: int = 0, names: Iterable[str] | None = None
+) -> list[Any]:
+    """Rows (id, name, step, epoch, value, wall_time) of a job with id > `after_id`, by id."""
+    statement = (
+        select(Metric.id, Metric.name, Metric.step, Metric.epoch, Metric.value, Metric.wall_time)
+        .where(Metric.job_id == job_id, Metric.id > after_id)
+        .order_by(Metric.id)
+    )
+    if names is not None:
+        statement = statement.where(Metric.name.in_(list(names)))
+    with read_tx(engine) as connection:
+        return list(connection.execute(statement))
+
+
+def metric_series(engine: Engine, job_id: int, name: str) -> list[tuple[int, float]]:
+    """(step, value) of one metric of a job, by step."""
+    statement = (
+        select(Metric.step, Metric.value)
+        .where(Metric.job_id == job_id, Metric.name == name)
+        .order_by(Metric.step)
+    )
+    with read_tx(engine) as connection:
+        return [(step, value) for step, value in connection.execute(statement)]
+
+
+def final_metrics(engine: Engine, job_ids: Sequence[int]) -> dict[int, dict[str, float]]:
+    """Per job, each `epoch/` metric's value at its last epoch, keyed without the prefix."""
+    if not job_ids:
+        return {}
+    last = (
+        select(Metric.job_id, Metric.name, func.max(Metric.step).label("step"))
+        .where(Metric.job_id.in_(list(job_ids)), Metric.name.like(f"{EPOCH}%"))
+        .group_by(Metric.job_id, Metric.name)
+        .subquery()
+    )
+    statement = select(Metric.job_id, Metric.name, Metric.value).join(
+        last,
+        and_(
+            Metric.job_id == last.c.job_id, Metric.name == last.c.name, Metric.step == last.c.step
+        ),
+    )
+    result: dict[int, dict[str, float]] = {job_id: {} for job_id in job_ids}
+    with read_tx(engine) as connection:
+        for job_id, name, value in connection.execute(statement):
+            result[job_id][name.removeprefix(EPOCH)] = value
+    return result
+
+
+def count_metric_duplicates(engine: Engine, job_id: int) -> int:
+    """How many (name, step) pairs of a job appear more than once (always 0 if all is well)."""
+    grouped = (
+        select(Metric.name, Metric.step)
+        .where(Metric.job_id == job_id)
+        .group_by(Metric.name, Metric.step)
+        .having(func.count() > 1)
+        .subquery()
+    )
+    with read_tx(engine) as connection:
+        return connection.execute(select(func.count()).select_from(grouped)).scalar_one()
+
+
+# --- the job's log --------------------------------------------------------------------------
+
+
+def add_events(engine: Engine, job_id: int, events: Sequence[tuple[str, str]]) -> None:
+    """Append (level, message) lines to a job's log."""
+    if not events:
+        return
+    now = utcnow()
+    rows = [
+        {"job_id": job_id, "time": now, "level": level, "message": message[:MAX_EVENT_CHARS]}
+        for level, message in events
+    ]
+    with write_tx(engine) as connection:
+        connection.execute(insert(JobEvent), rows)
+
+
+def add_event(engine: Engine, job_id: int, level: str, message: str) -> None:
+    add_events(engine, job_id, [(level, message)])
+
+
+def events_since(
+    engine: Engine, job_id: int, after_id: int = 0, limit: int | None = None
+) -> list[EventRow]:
+    statement = (
+        select(JobEvent.id, JobEvent.time, JobEvent.level, JobEvent.message)
+        .where(JobEvent.job_id == job_id, JobEvent.id > after_id)
+        .order_by(JobEvent.id)
+    )
+    if limit is not None:
+        statement = statement.limit(limit)
+    with read_tx(engine) as connection:
+        return [EventRow(*row) for row in connection.execute(statement)]
+
+
+# --- XLA metrics reports --------------------------------------------------------------------
+
+
+def add_xla_report(
+    engine: Engine, job_id: int, epoch: int, summary: dict[str, Any], raw: str
+) -> None:
+    with write_tx(engine) as connection:
+        connection.execute(
+            insert(XlaReport).values(
+                job_id=job_id, epoch=epoch, created_at=utcnow(), summary=summary, raw=raw
+            )
+        )
+
+
+def xla_reports(engine: Engine, job_id: int, after_id: int = 0) -> list[Any]:
+    """Rows (id, epoch, created_at, summary, raw) of a job's XLA reports, oldest first."""
+    statement = (
+        select(
+            XlaReport.id, XlaReport.epoch, XlaReport.created_at, XlaReport.summary, XlaReport.raw
+        )
+        .where(XlaReport.job_id == job_id, XlaReport.id > after_id)
+        .order_by(XlaReport.id)
+    )
+    with read_tx(engine) as connection:
+        return list(connection.execute(statement))
