@@ -8,12 +8,14 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import Engine
 
 from db.datasets import save_dataset
 from db.files import datasets_dir
+from db.models import Dataset
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 DIGITS_IMAGE_COUNT = 1797
@@ -80,3 +82,53 @@ def register_builtin_datasets(engine: Engine, root: Path | None = None) -> Path:
         class_counts=counts,
     )
     return location
+
+
+@dataclass(frozen=True)
+class LabelledItems:
+    """The images of a dataset with their labels, ready for the worker to load.
+
+    `is_valid` is None for a random split (by the job's valid_pct and seed), or one flag per
+    item when the dataset fixes its own split (a `train/` and a `valid/` folder).
+    """
+
+    items: list[tuple[Path, str]]
+    is_valid: list[bool] | None = None
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def classes(self) -> list[str]:
+        return sorted({label for _, label in self.items})
+
+
+class DatasetError(ValueError):
+    """A dataset cannot be used as it is; the message says what is wrong with it."""
+
+
+def folder_per_class_items(root: Path) -> LabelledItems:
+    """`root/<class>/<image>` → items labelled by their folder name."""
+    items = [
+        (path, path.parent.name)
+        for path in sorted(root.glob("*/*"))
+        if path.is_file() and is_image_name(path)
+    ]
+    return LabelledItems(items)
+
+
+def dataset_items(dataset: Dataset) -> LabelledItems:
+    """The labelled images of a registered dataset, read from its location on this machine."""
+    location = Path(dataset.location)
+    if not location.is_dir():
+        raise DatasetError(f"dataset {dataset.name!r}: folder {location} does not exist here")
+    rule = (dataset.label_rule or {}).get("type", "folder")
+    if rule == "folder":
+        items = folder_per_class_items(location)
+    else:
+        raise DatasetError(f"dataset {dataset.name!r}: unknown labelling rule {rule!r}")
+    bad = set(dataset.bad_files or [])
+    if bad:
+        kept = [(path, label) for path, label in items.items if str(path) not in bad]
+        items = LabelledItems(kept, None, sorted(bad))
+    if len(items.classes) < 2:
+        raise DatasetError(f"dataset {dataset.name!r} has fewer than 2 classes at {location}")
+    return items

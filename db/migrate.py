@@ -18,7 +18,7 @@ def alembic_config(engine: Engine) -> Config:
     return config
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
+def upgrade(engine: Engine, revision: str = "heads") -> None:
     command.upgrade(alembic_config(engine), revision)
 
 

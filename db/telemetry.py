@@ -1,9 +1,22 @@
 """What a running job reports: metric points, its log (job events) and XLA metrics reports.
 
-Metric names carry their cadence as a prefix: `batch/…` (one point per optimizer step,
-step = global iteration), `epoch/…` (step = epoch index) and `lr_find/…` (step = the
-lr_find iteration). A point is unique by (job, name, step): writing it again is a no-op,
-so a resumed job that re-sends points never doubles them.
+Metric names carry their cadence as a prefix, and step means:
+- `batch/…`: one point per optimizer step, step = global training iteration (0-based):
+  `batch/train_loss` (raw loss of the batch), `batch/lr`.
+- `epoch/…`: one point per epoch, step = epoch index (0-based): `epoch/train_loss`,
+  `epoch/valid_loss`, `epoch/accuracy`, `epoch/error_rate`, `epoch/top5_accuracy` (more
+  than 5 classes), `epoch/time_s`, `epoch/images_per_s`, and on CUDA `epoch/cuda_max_memory_mb`.
+- `lr_find/…`: step = lr_find iteration: `lr_find/lr`, `lr_find/loss`; and
+  `lr_find/suggestion` (step 0), the learning rate the job then used.
+
+A point is unique by (job, name, step): writing it again is a no-op, so a resumed job that
+re-sends points never doubles them.
+
+An XLA report's `summary` holds cumulative counters since the job's process started:
+`compile_count`, `compile_time_s`, `execute_count`, `execute_time_s`,
+`transfer_to_device_time_s`, `transfer_from_device_time_s`, `cached_compile`,
+`uncached_compile`, `persistent_cache_hits`, `device_syncs`, and `aten_fallbacks`
+(op name → count of calls that fell back to the CPU).
 """
 
 from __future__ import annotations
