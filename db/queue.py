@@ -436,3 +436,49 @@ class JobSignal:
             with contextlib.suppress(Exception):
                 self._connection.close()
             self._connection = None
+
+
+# --- machines that went away ----------------------------------------------------------------
+
+
+def requeue_jobs_of_worker(engine: Engine, worker_id: str, reason: str) -> list[tuple[int, str]]:
+    """Recover the running jobs of a worker whose machine is gone (a preempted TPU VM, say).
+
+    Like `requeue_stale`, but at once instead of after the heartbeat timeout: each job goes
+    back to `queued` while it has attempts left (it resumes from its checkpoint on another
+    worker), else to `failed`; one whose cancel was requested becomes `cancelled`. Each gets
+    a job event naming `reason`. Returns (job id, new status) pairs; none when the worker
+    runs nothing, so calling it again is harmless.
+    """
+    now = utcnow()
+    lost = (Job.status == "running") & (Job.worker_id == worker_id)
+    outcomes: list[tuple[int, str]] = []
+    with write_tx(engine) as connection:
+        cancelled = connection.execute(
+            update(Job)
+            .where(lost & Job.cancel_requested)
+            .values(status="cancelled", finished_at=now, error=f"cancelled; {reason}")
+            .returning(Job.id)
+        ).scalars()
+        outcomes += [(job_id, "cancelled") for job_id in cancelled]
+        failed = connection.execute(
+            update(Job)
+            .where(lost & (Job.attempts >= Job.max_attempts))
+            .values(
+                status="failed", finished_at=now, error=f"{reason}, and all its attempts are used"
+            )
+            .returning(Job.id)
+        ).scalars()
+        outcomes += [(job_id, "failed") for job_id in failed]
+        requeued = connection.execute(
+            update(Job)
+            .where(lost)
+            .values(status="queued", worker_id=None, heartbeat_at=None, eta_seconds=None)
+            .returning(Job.id)
+        ).scalars()
+        outcomes += [(job_id, "queued") for job_id in requeued]
+        for job_id, status in outcomes:
+            verb = "requeued" if status == "queued" else status
+            level = "error" if status == "failed" else "warning"
+            connection.execute(_event(job_id, level, f"{verb}: {reason}"))
+    return outcomes
