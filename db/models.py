@@ -107,6 +107,8 @@ class Metric(Base):
         UniqueConstraint("job_id", "name", "step", name="uq_metrics_job_name_step"),
         # The job page asks for "rows of this job newer than the last one I drew".
         Index("ix_metrics_job_id_id", "job_id", "id"),
+        # Charts read a long series in buckets of steps from this index alone (db.series).
+        Index("ix_metrics_series", "job_id", "name", "step", "value"),
     )
 
 
