@@ -19,7 +19,16 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 from db import queue
 from db.datasets import list_datasets
 from db.engine import DatabaseUrlError, get_engine
-from db.imagesets import register_builtin_datasets
+from db.imagesets import (
+    DatasetError,
+    Registration,
+    register_builtin_datasets,
+    register_csv,
+    register_folder,
+    register_url,
+    register_zip,
+    unregister_dataset,
+)
 from db.jobview import describe_job, describe_jobs
 from db.migrate import upgrade
 from db.models import JOB_STATUSES
@@ -216,10 +225,10 @@ def cmd_dataset_list(engine: Engine, args: argparse.Namespace) -> None:
     if not datasets:
         print("no datasets; `python -m db dataset builtin` adds the digits set")
     for d in datasets:
-        print(
-            f"{d.name:<20} {d.kind:<8} {len(d.classes):>4} classes {d.item_count:>7} images  "
-            f"{d.location}"
-        )
+        contents = f"{len(d.classes):>4} classes {d.item_count:>7} images"
+        if d.kind == "url" and not d.item_count:
+            contents = f"{'not fetched yet':>27}"
+        print(f"{d.name:<20} {d.kind:<8} {contents}  {d.location}")
 
 
 def cmd_dataset_builtin(engine: Engine, args: argparse.Namespace) -> None:
@@ -228,6 +237,59 @@ def cmd_dataset_builtin(engine: Engine, args: argparse.Namespace) -> None:
         _print_json({"name": "digits", "location": str(location)})
     else:
         print(f"built-in dataset digits is at {location}")
+
+
+def _cli_path(text: str) -> Path:
+    """A path typed in a terminal is relative to the current folder."""
+    return Path(text).expanduser().absolute()
+
+
+def _register_from_args(engine: Engine, args: argparse.Namespace) -> Registration:
+    if args.csv and args.label_regex:
+        raise UserError("--label-regex does not apply to --csv: the CSV holds the labels")
+    if args.folder:
+        return register_folder(engine, args.name, _cli_path(args.folder), args.label_regex)
+    if args.csv:
+        return register_csv(engine, args.name, _cli_path(args.csv))
+    if args.zip:
+        return register_zip(engine, args.name, _cli_path(args.zip), args.label_regex)
+    return register_url(engine, args.name, args.url, args.label_regex)
+
+
+def cmd_dataset_add(engine: Engine, args: argparse.Namespace) -> None:
+    try:
+        registration = _register_from_args(engine, args)
+    except DatasetError as exc:
+        raise UserError(str(exc)) from None
+    if not args.json:
+        print(registration.summary())
+        return
+    report = registration.report
+    _print_json(
+        {
+            "name": registration.name,
+            "kind": registration.kind,
+            "location": registration.location,
+            "label_rule": report.label_rule if report else None,
+            "class_counts": report.class_counts if report else {},
+            "split_counts": report.split_counts if report else None,
+            "bad_files": report.bad_files if report else {},
+            "skipped": (report.skipped if report else []) + registration.notes,
+        }
+    )
+
+
+def cmd_dataset_remove(engine: Engine, args: argparse.Namespace) -> None:
+    try:
+        deleted = unregister_dataset(engine, args.name, force=args.force)
+    except DatasetError as exc:
+        raise UserError(str(exc)) from None
+    if args.json:
+        _print_json({"removed": args.name, "deleted": deleted})
+        return
+    print(f"removed dataset {args.name}")
+    for path in deleted:
+        print(f"  deleted {path}")
 
 
 # --- parser ---------------------------------------------------------------------------------
@@ -288,13 +350,46 @@ def build_parser() -> argparse.ArgumentParser:
     dataset_commands = dataset.add_subparsers(
         dest="dataset_command", required=True, metavar="COMMAND", parser_class=_Parser
     )
+    dataset_subs: dict[str, argparse.ArgumentParser] = {}
     for name, handler, help_text in (
         ("list", cmd_dataset_list, "registered datasets with their classes and image counts"),
         ("builtin", cmd_dataset_builtin, "write the built-in digits set and register it"),
+        ("add", cmd_dataset_add, "check and register a folder, CSV, zip or URL dataset"),
+        ("remove", cmd_dataset_remove, "unregister a dataset (and delete an upload's files)"),
     ):
         sub = dataset_commands.add_parser(name, help=help_text, description=help_text)
         sub.add_argument("--json", action="store_true", help="print JSON for scripts")
         sub.set_defaults(handler=handler)
+        dataset_subs[name] = sub
+    add = dataset_subs["add"]
+    add.add_argument("name", help="the name jobs use (letters, digits, '.', '_', '-')")
+    source = add.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--folder",
+        metavar="PATH",
+        help="one sub-folder per class (optionally inside train/ and valid/), "
+        "or images labelled by --label-regex",
+    )
+    source.add_argument(
+        "--csv", metavar="FILE", help="a CSV of file,label[,is_valid]; paths relative to it"
+    )
+    source.add_argument("--zip", metavar="FILE", help="a zip of images, unpacked safely")
+    source.add_argument(
+        "--url",
+        metavar="URL",
+        help="a fastai name (URLs.PETS) or an archive URL; the worker downloads it",
+    )
+    add.add_argument(
+        "--label-regex",
+        metavar="RE",
+        help="label = the first group of RE searched in each file name, e.g. "
+        r"'^(.+)_\d+\.jpg$' for Oxford-IIIT Pets",
+    )
+    remove = dataset_subs["remove"]
+    remove.add_argument("name", help="the dataset to remove")
+    remove.add_argument(
+        "--force", action="store_true", help="remove it even if queued or running jobs use it"
+    )
     return parser
 
 

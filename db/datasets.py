@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Engine, delete, select
+from sqlalchemy import Engine, delete, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from db.engine import read_tx, write_tx
-from db.models import Dataset, utcnow
+from db.models import Dataset, Job, utcnow
 
 BUILTIN_DATASETS = ("digits",)
+ACTIVE_STATUSES = ("queued", "running")
+
+
+class DatasetExists(ValueError):
+    """A dataset of that name is already registered."""
 
 
 def dataset_names(engine: Engine) -> set[str]:
@@ -60,6 +66,71 @@ def save_dataset(
                 created_at=utcnow(),
             )
         )
+
+
+def insert_dataset(
+    engine: Engine,
+    *,
+    name: str,
+    kind: str,
+    location: str,
+    label_rule: dict[str, Any],
+    classes: list[str],
+    class_counts: dict[str, int],
+    bad_files: list[str] | None = None,
+) -> None:
+    """Add the registry row of a new dataset; DatasetExists if the name is taken."""
+    try:
+        with write_tx(engine) as connection:
+            connection.execute(
+                Dataset.__table__.insert().values(
+                    name=name,
+                    kind=kind,
+                    location=location,
+                    label_rule=label_rule,
+                    classes=classes,
+                    class_counts=class_counts,
+                    item_count=sum(class_counts.values()),
+                    bad_files=bad_files or [],
+                    created_at=utcnow(),
+                )
+            )
+    except IntegrityError:
+        raise DatasetExists(f"a dataset named {name!r} is already registered") from None
+
+
+def update_dataset_contents(
+    engine: Engine,
+    name: str,
+    *,
+    label_rule: dict[str, Any],
+    classes: list[str],
+    class_counts: dict[str, int],
+    bad_files: list[str],
+) -> bool:
+    """Record what a dataset holds (a `url` dataset once the worker has fetched it)."""
+    with write_tx(engine) as connection:
+        result = connection.execute(
+            update(Dataset)
+            .where(Dataset.name == name)
+            .values(
+                label_rule=label_rule,
+                classes=classes,
+                class_counts=class_counts,
+                item_count=sum(class_counts.values()),
+                bad_files=bad_files,
+            )
+        )
+        return result.rowcount == 1
+
+
+def active_jobs_using(engine: Engine, name: str) -> list[int]:
+    """Ids of the queued and running jobs that train on dataset `name`."""
+    with read_tx(engine) as connection:
+        rows = connection.execute(
+            select(Job.id, Job.spec).where(Job.status.in_(ACTIVE_STATUSES)).order_by(Job.id)
+        )
+        return [job_id for job_id, spec in rows if (spec or {}).get("dataset") == name]
 
 
 def remove_dataset(engine: Engine, name: str) -> bool:

@@ -1,0 +1,241 @@
+"""What a dataset must pass before it is registered: where it lies, that its images decode,
+and that every class can be both trained on and validated.
+
+Allowed data roots: the data folder (`TRAINDECK_DATA`) and every folder an admin lists in
+`TRAINDECK_DATASET_ROOTS` (separated by `os.pathsep`, ':' on Linux). A dataset outside them
+is refused, so a browser user cannot point the server at /etc or at someone's home folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from db import config
+from db.labelling import DatasetError, LabelledItems, relative_name, scan_items
+
+DATASET_ROOTS_ENV = "TRAINDECK_DATASET_ROOTS"
+MAX_NAME_LENGTH = 100
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+RESERVED_NAMES = frozenset({"digits"})
+# Decoding a JPEG at a reduced scale proves it is readable at a fraction of the cost.
+DRAFT_SIZE = (64, 64)
+MAX_NAMED_IN_MESSAGE = 5
+
+ProgressCallback = Callable[[int, int], None]
+
+
+def allowed_roots() -> list[Path]:
+    """The folders datasets may live in: the data folder, then the admin's extra roots."""
+    roots = [config.data_dir()]
+    for entry in os.environ.get(DATASET_ROOTS_ENV, "").split(os.pathsep):
+        if entry.strip():
+            roots.append(Path(entry.strip()).expanduser().resolve())
+    return roots
+
+
+def resolve_inside_roots(path: Path | str, what: str = "folder") -> Path:
+    """The absolute, link-free form of `path`, if it exists inside an allowed data root.
+
+    A relative path is taken relative to the data folder.
+    """
+    text = str(path).strip()
+    if not text:
+        raise DatasetError(f"no {what} given")
+    candidate = Path(text).expanduser()
+    if not candidate.is_absolute():
+        candidate = config.data_dir() / candidate
+    resolved = candidate.resolve()
+    roots = allowed_roots()
+    if not any(resolved.is_relative_to(root) for root in roots):
+        listed = ", ".join(str(root) for root in roots)
+        raise DatasetError(
+            f"{what} {text} is outside the allowed data roots ({listed}); an admin can allow "
+            f"more folders with {DATASET_ROOTS_ENV}"
+        )
+    if not resolved.exists():
+        raise DatasetError(f"{what} {text} does not exist")
+    return resolved
+
+
+def validate_dataset_name(name: str) -> str:
+    """The name, stripped, if it can name a dataset (and its upload folder)."""
+    name = (name or "").strip()
+    if not name:
+        raise DatasetError("a dataset needs a name")
+    if len(name) > MAX_NAME_LENGTH:
+        raise DatasetError(f"the dataset name is longer than {MAX_NAME_LENGTH} characters")
+    if not NAME_PATTERN.match(name):
+        raise DatasetError(
+            f"dataset name {name!r} may hold only letters, digits, '.', '_' and '-', "
+            "and must start with a letter or digit"
+        )
+    if name.lower() in RESERVED_NAMES:
+        raise DatasetError(f"{name!r} is the name of a built-in dataset; choose another")
+    return name
+
+
+def image_problem(path: Path) -> str | None:
+    """Why the image at `path` cannot be decoded, or None when it can."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                image.draft("RGB", DRAFT_SIZE)
+                image.load()
+    except Image.DecompressionBombError:
+        return "has too many pixels to decode safely"
+    except Exception as exc:
+        detail = str(exc).replace(str(path), path.name) or type(exc).__name__
+        return f"cannot be decoded: {detail}"
+    return None
+
+
+@dataclass
+class DatasetReport:
+    """What registration learned about a dataset folder."""
+
+    root: Path
+    label_rule: dict[str, Any]
+    class_counts: dict[str, int]
+    split_counts: dict[str, dict[str, int]] | None
+    bad_files: dict[str, str] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def classes(self) -> list[str]:
+        return sorted(self.class_counts)
+
+    @property
+    def item_count(self) -> int:
+        return sum(self.class_counts.values())
+
+    def raise_problems(self, name: str) -> None:
+        if self.problems:
+            raise DatasetError(f"dataset {name!r} cannot be used: " + "; ".join(self.problems))
+
+    def summary(self) -> str:
+        """One paragraph a person reads after registering."""
+        split = "a fixed train/valid split" if self.split_counts else "a random split per job"
+        lines = [
+            f"{self.item_count} images in {len(self.class_counts)} classes, {split} "
+            f"(rule: {self.label_rule.get('type')})"
+        ]
+        if self.bad_files:
+            lines.append(
+                f"{len(self.bad_files)} files cannot be decoded and are left out: "
+                + _first_few(f"{name} ({reason})" for name, reason in self.bad_files.items())
+            )
+        if self.skipped:
+            lines.append(f"{len(self.skipped)} files skipped: " + _first_few(self.skipped))
+        return "\n".join(lines)
+
+
+def _first_few(entries: Any) -> str:
+    entries = list(entries)
+    shown = "; ".join(entries[:MAX_NAMED_IN_MESSAGE])
+    if len(entries) > MAX_NAMED_IN_MESSAGE:
+        shown += f"; and {len(entries) - MAX_NAMED_IN_MESSAGE} more"
+    return shown
+
+
+def _class_list(classes: list[str]) -> str:
+    return _first_few(repr(c) for c in sorted(classes)).replace("; ", ", ")
+
+
+def find_bad_files(
+    root: Path,
+    items: LabelledItems,
+    progress: ProgressCallback | None = None,
+) -> dict[str, str]:
+    """Relative name → reason for every item that cannot be decoded, or that is a link
+    leading outside the dataset folder and the allowed roots."""
+    resolved_root = root.resolve()
+    roots = allowed_roots()
+    bad: dict[str, str] = {}
+    total = len(items.items)
+    for index, (path, _) in enumerate(items.items):
+        resolved = path.resolve()
+        if not resolved.is_relative_to(resolved_root) and not any(
+            resolved.is_relative_to(allowed) for allowed in roots
+        ):
+            bad[relative_name(path, root)] = "links outside the allowed data roots"
+        else:
+            reason = image_problem(path)
+            if reason:
+                bad[relative_name(path, root)] = reason
+        if progress is not None:
+            progress(index + 1, total)
+    return bad
+
+
+def inspect_dataset(
+    root: Path,
+    rule: dict[str, Any],
+    *,
+    check_images: bool = True,
+    progress: ProgressCallback | None = None,
+) -> DatasetReport:
+    """Scan `root` by `rule`, decode every image, count the classes and list the problems
+    that keep the dataset from training."""
+    items = scan_items(root, rule)
+    bad = find_bad_files(root, items, progress) if check_images else {}
+    kept_labels: list[str] = []
+    kept_flags: list[bool] = []
+    for index, (path, label) in enumerate(items.items):
+        if relative_name(path, root) in bad:
+            continue
+        kept_labels.append(label)
+        if items.is_valid is not None:
+            kept_flags.append(items.is_valid[index])
+    counts = dict(sorted(Counter(kept_labels).items()))
+    split_counts = None
+    if items.is_valid is not None:
+        split_counts = {
+            part: dict(
+                sorted(
+                    Counter(
+                        label
+                        for label, flag in zip(kept_labels, kept_flags, strict=True)
+                        if flag == wanted
+                    ).items()
+                )
+            )
+            for part, wanted in (("train", False), ("valid", True))
+        }
+    report = DatasetReport(root, rule, counts, split_counts, bad, list(items.skipped))
+    report.problems = _problems(report)
+    return report
+
+
+def _problems(report: DatasetReport) -> list[str]:
+    counts = report.class_counts
+    if not counts:
+        return [f"no usable images found in {report.root}"]
+    problems: list[str] = []
+    if len(counts) < 2:
+        problems.append(
+            f"found 1 class ({_class_list(list(counts))}); a classifier needs at least 2"
+        )
+    if report.split_counts is not None:
+        for part in ("train", "valid"):
+            missing = [c for c in counts if c not in report.split_counts[part]]
+            if missing:
+                problems.append(f"classes with no image to {part} on: {_class_list(missing)}")
+    else:
+        single = [c for c, n in counts.items() if n < 2]
+        if single:
+            problems.append(
+                f"classes with a single image: {_class_list(single)}; each class needs at "
+                "least 2, one to train on and one to validate on"
+            )
+    return problems
