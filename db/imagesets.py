@@ -256,6 +256,12 @@ def _reserve_folder(parent: Path, name: str) -> Path:
     raise DatasetError(f"too many upload folders named {name} in {parent}")
 
 
+def _remove_upload(staging: Path, final: Path | None) -> None:
+    shutil.rmtree(staging, ignore_errors=True)
+    if final is not None:
+        shutil.rmtree(final, ignore_errors=True)
+
+
 def register_zip(
     engine: Engine,
     name: str,
@@ -291,10 +297,11 @@ def register_zip(
         root = final / inner
         report.root = root
         _insert(engine, name, "upload", str(root), report)
+    except DatasetError as exc:
+        _remove_upload(staging, final)
+        raise DatasetError(str(exc).replace(str(staging), "the archive")) from None
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        if final is not None:
-            shutil.rmtree(final, ignore_errors=True)
+        _remove_upload(staging, final)
         raise
     notes = list(extracted.skipped)
     return Registration(name, "upload", str(root), report, notes)

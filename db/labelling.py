@@ -113,6 +113,9 @@ def dataset_root(folder: Path) -> Path:
         only = children[0]
         if only.name in (TRAIN_FOLDER, IMAGES_FOLDER, *VALID_FOLDERS):
             return folder
+        inside = _visible_children(only)
+        if not any(p.is_dir() or p.suffix.lower() == ".csv" for p in inside):
+            return folder  # a lone class folder: a dataset of one class, reported as such
         folder = only
 
 

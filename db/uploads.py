@@ -65,6 +65,12 @@ def _positive_int_env(name: str, default: int) -> int:
     return value
 
 
+def _size(byte_count: int) -> str:
+    if byte_count >= 1_000_000:
+        return f"{byte_count / 1e6:,.0f} MB"
+    return f"{byte_count:,} bytes"
+
+
 @dataclass
 class ExtractReport:
     files_written: int = 0
@@ -144,8 +150,8 @@ def _plan(
         )
     if declared > limits.max_bytes:
         raise UploadError(
-            f"the archive unpacks to {declared / 1e6:,.0f} MB; the limit is "
-            f"{limits.max_bytes / 1e6:,.0f} MB (an admin can raise it with {MAX_MB_ENV})"
+            f"the archive unpacks to {_size(declared)}; the limit is "
+            f"{_size(limits.max_bytes)} (an admin can raise it with {MAX_MB_ENV})"
         )
     if not_images:
         shown = ", ".join(not_images[:MAX_PROBLEMS_SHOWN])
@@ -175,7 +181,7 @@ def _copy_member(
                 )
             if report.bytes_written + written > limits.max_bytes:
                 raise UploadError(
-                    f"the archive unpacks to more than {limits.max_bytes / 1e6:,.0f} MB "
+                    f"the archive unpacks to more than {_size(limits.max_bytes)} "
                     f"(an admin can raise the limit with {MAX_MB_ENV})"
                 )
             sink.write(chunk)
@@ -194,15 +200,21 @@ def _write(
         target = destination.joinpath(*parts)
         if not target.parent.resolve().is_relative_to(destination):
             raise UploadError(f"member {info.filename!r} points outside the dataset folder")
+        clash = UploadError(
+            f"member {info.filename!r} clashes with a file or folder of the same name"
+        )
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise clash from None
+        try:
             _copy_member(archive, info, target, limits, report)
         except FileExistsError:
+            if target.is_dir():
+                raise clash from None
             raise UploadError(f"member {info.filename!r} appears twice in the archive") from None
         except (NotADirectoryError, IsADirectoryError):
-            raise UploadError(
-                f"member {info.filename!r} clashes with a file or folder of the same name"
-            ) from None
+            raise clash from None
         except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
             raise UploadError(f"member {info.filename!r} is corrupt: {exc}") from None
         except NotImplementedError as exc:
