@@ -1,0 +1,524 @@
+"""The TPU VMs page: the Cloud TPU VMs of a project and zone, with the traindeck worker on each;
+create one (its startup script makes it a worker), start, stop, delete or recreate one.
+
+Destructive actions ask for a confirmation. Each long-running operation started here is
+followed until it ends. On every refresh of the node list (every few seconds while the page is
+open) the running jobs of a node that was preempted, terminated or stopped go back to the
+queue at once; `python -m dashboard.tpu_watch` does the same when nobody has the page open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+import streamlit as st
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from dashboard.state import get_engine
+from dashboard.tpu_bootstrap import (
+    DEFAULT_DATA_DIR,
+    DEFAULT_SOURCE_REF,
+    BootstrapSettings,
+    build_startup_script,
+)
+from dashboard.tpu_cloud import (
+    COMMON_ACCELERATOR_TYPES,
+    CREDENTIALS_ENV,
+    CredentialsMissing,
+    FoundCredentials,
+    NodeInfo,
+    NodeRequest,
+    OperationStatus,
+    Recovery,
+    TpuError,
+    TpuVms,
+    api_endpoint,
+    default_project,
+    default_zone,
+    deleted_node_reason,
+    load_credentials,
+    make_client,
+    recover_jobs_of_lost_nodes,
+    request_from_node,
+    suggested_runtime_version,
+)
+from db import config, queue
+from db.workers import list_workers
+
+NODES_REFRESH_S = 15
+OPERATIONS_REFRESH_S = 3
+SOURCE_URL_ENV = "TRAINDECK_SOURCE_URL"
+WORKER_DATABASE_URL_ENV = "TRAINDECK_WORKER_DATABASE_URL"
+# How long each operation usually takes, to draw its progress bar against.
+USUAL_SECONDS = {"create": 180, "delete": 90, "start": 90, "stop": 90}
+
+OPERATIONS_KEY = "tpu_operations"
+RECOVERIES_KEY = "tpu_recoveries"
+CONFIRM_KEY = "tpu_confirm"
+CONFIRM_WORDS = {
+    "stop": "Stop",
+    "delete": "Delete",
+    "recreate": "Delete and create again",
+}
+
+
+# --- credentials and client -----------------------------------------------------------------
+
+
+def _credentials_environment() -> tuple[str, ...]:
+    """The settings credentials come from: a change of any of them means a new look-up."""
+    names = (CREDENTIALS_ENV, "GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG")
+    return tuple(os.environ.get(name, "") for name in names)
+
+
+@st.cache_resource(ttl=600, show_spinner="Looking for Google Cloud credentials…")
+def _credentials(endpoint: str, environment: tuple[str, ...]) -> FoundCredentials | TpuError:
+    # Cached with the outcome: the look-up may wait seconds for a metadata server.
+    try:
+        return load_credentials(endpoint)
+    except CredentialsMissing as exc:
+        return exc
+
+
+@st.cache_resource(show_spinner=False)
+def _client(endpoint: str, source: str, credentials_id: int, _found: FoundCredentials) -> Any:
+    return make_client(endpoint, _found.credentials)
+
+
+@st.cache_data(ttl=3600, show_spinner=False)
+def _zone_choices(
+    _vms: TpuVms, endpoint: str, project: str, zone: str
+) -> tuple[list[str], list[str], str | None]:
+    """Accelerator types and runtime versions offered in the zone (or a reason why not)."""
+    try:
+        return _vms.list_accelerator_types(), _vms.list_runtime_versions(), None
+    except TpuError as exc:
+        return [], [], str(exc)
+
+
+# --- small helpers --------------------------------------------------------------------------
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "—"
+    value = int(value)
+    return f"{value // 60} min {value % 60:02d} s" if value >= 60 else f"{value} s"
+
+
+def _remember_operation(status: OperationStatus, then: NodeRequest | None = None) -> None:
+    st.session_state.setdefault(OPERATIONS_KEY, []).append(
+        {
+            "name": status.name,
+            "verb": status.verb,
+            "target": status.target_name,
+            "started_at": status.started_at or datetime.now(UTC),
+            "ended_at": status.ended_at,
+            "done": status.done,
+            "detail": status.detail,
+            "error": status.error,
+            "then": asdict(then) if then is not None else None,
+        }
+    )
+
+
+def _remember_recoveries(recoveries: list[Recovery]) -> None:
+    if recoveries:
+        st.session_state.setdefault(RECOVERIES_KEY, []).extend(r.summary() for r in recoveries)
+
+
+def _requeue_jobs_of_deleted_node(engine: Engine, node: NodeInfo) -> None:
+    reason = deleted_node_reason(node.name)
+    try:
+        outcomes = queue.requeue_jobs_of_worker(engine, node.worker_id, reason)
+    except SQLAlchemyError as exc:
+        st.error(f"The jobs of worker {node.worker_id} could not be requeued: {exc}")
+        return
+    if outcomes:
+        _remember_recoveries([Recovery(node.name, "DELETING", node.worker_id, outcomes)])
+
+
+# --- long-running operations ----------------------------------------------------------------
+
+
+def _refresh_operations(vms: TpuVms) -> bool:
+    """Poll every unfinished operation; starts the create of a recreate. True if one ended."""
+    ended = False
+    for entry in list(st.session_state.get(OPERATIONS_KEY, [])):
+        if entry["done"]:
+            continue
+        try:
+            status = vms.operation(entry["name"])
+        except TpuError as exc:
+            entry["detail"] = f"progress unknown: {exc}"
+            continue
+        entry.update(detail=status.detail, done=status.done, error=status.error)
+        if not status.done:
+            continue
+        ended = True
+        entry["ended_at"] = status.ended_at or datetime.now(UTC)
+        if entry["then"] is not None and status.succeeded:
+            request = NodeRequest(**entry["then"])
+            try:
+                _remember_operation(vms.create_node(request))
+            except TpuError as exc:
+                entry["error"] = f"{request.name} was deleted but not created again: {exc}"
+    return ended
+
+
+def _show_operation(entry: dict[str, Any]) -> None:
+    what = f"{entry['verb']} {entry['target']}"
+    end = entry["ended_at"] or datetime.now(UTC)
+    elapsed = (end - entry["started_at"]).total_seconds()
+    if entry["error"]:
+        st.error(entry["error"], icon=":material/error:")
+    elif entry["done"]:
+        follow_up = " — now creating it again" if entry["then"] else ""
+        st.success(f"{what}: done in {_seconds(elapsed)}{follow_up}", icon=":material/check:")
+    else:
+        usual = USUAL_SECONDS.get(entry["verb"], 120)
+        detail = f" — {entry['detail']}" if entry["detail"] else ""
+        st.progress(
+            min(elapsed / usual, 0.95),
+            text=f"{what}: running for {_seconds(elapsed)} (usually about "
+            f"{_seconds(usual)}){detail}",
+        )
+
+
+def operations_section(vms: TpuVms) -> None:
+    entries = st.session_state.get(OPERATIONS_KEY, [])
+    if not entries:
+        return
+    running = any(not entry["done"] for entry in entries)
+
+    @st.fragment(run_every=OPERATIONS_REFRESH_S if running else None)
+    def show() -> None:
+        st.subheader("Operations")
+        if _refresh_operations(vms):
+            st.rerun()  # the node list and the polling rhythm change with it
+        for entry in st.session_state.get(OPERATIONS_KEY, []):
+            _show_operation(entry)
+        if any(entry["done"] for entry in entries) and st.button(
+            "Clear finished operations", key="tpu_clear_operations"
+        ):
+            st.session_state[OPERATIONS_KEY] = [e for e in entries if not e["done"]]
+            st.rerun()
+
+    show()
+
+
+# --- the node list --------------------------------------------------------------------------
+
+
+def _worker_columns(node: NodeInfo, workers: dict[str, Any]) -> dict[str, Any]:
+    worker = workers.get(node.worker_id)
+    if worker is None:
+        return {"Worker": "—", "Worker state": "not registered", "Job": None}
+    age = (datetime.now(UTC) - worker.heartbeat_at).total_seconds()
+    return {
+        "Worker": worker.id,
+        "Worker state": f"{worker.state}, seen {_seconds(age)} ago",
+        "Job": worker.current_job_id,
+    }
+
+
+def _node_rows(nodes: list[NodeInfo], workers: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "Name": node.name,
+            "Accelerator": node.accelerator_type,
+            "Runtime": node.runtime_version,
+            "State": node.state,
+            "Health": node.health,
+            "Internal IP": ", ".join(node.internal_ips) or "—",
+            "External IP": ", ".join(node.external_ips) or "—",
+            "Pricing": node.pricing,
+            **_worker_columns(node, workers),
+            "traindeck": node.is_traindeck,
+        }
+        for node in nodes
+    ]
+
+
+def _confirm(vms: TpuVms, engine: Engine, node: NodeInfo) -> None:
+    pending = st.session_state.get(CONFIRM_KEY)
+    if not pending or pending["node"] != node.name:
+        return
+    action = pending["action"]
+    consequences = {
+        "stop": "The VM shuts down; a job running on it goes back to the queue.",
+        "delete": "The VM and its disk are gone for good; a job running on it goes back "
+        "to the queue and resumes from its checkpoint on another worker.",
+        "recreate": "The VM is deleted, then created again with the same settings and "
+        "startup script; a job running on it goes back to the queue.",
+    }[action]
+    st.warning(f"**{CONFIRM_WORDS[action]} TPU VM {node.name}?** {consequences}")
+    yes, no = st.columns(2)
+    if no.button("Cancel", key="tpu_confirm_no"):
+        del st.session_state[CONFIRM_KEY]
+        st.rerun()
+    if not yes.button(
+        f"Yes, {CONFIRM_WORDS[action].lower()} {node.name}", key="tpu_confirm_yes", type="primary"
+    ):
+        return
+    del st.session_state[CONFIRM_KEY]
+    try:
+        if action == "stop":
+            _remember_operation(vms.stop_node(node.name))
+        elif action == "delete":
+            _remember_operation(vms.delete_node(node.name))
+            _requeue_jobs_of_deleted_node(engine, node)
+        else:
+            request = request_from_node(node)
+            problems = request.problems()
+            if problems:
+                st.error(f"{node.name} cannot be created again as it is: " + " ".join(problems))
+                return
+            _remember_operation(vms.delete_node(node.name), then=request)
+            _requeue_jobs_of_deleted_node(engine, node)
+    except TpuError as exc:
+        st.error(str(exc))
+        return
+    st.rerun()
+
+
+def _node_actions(vms: TpuVms, engine: Engine, nodes: list[NodeInfo]) -> None:
+    by_name = {node.name: node for node in nodes}
+    name = st.selectbox("Node", list(by_name), key="tpu_selected_node")
+    node = by_name[name]
+    start, stop, delete, recreate = st.columns(4)
+    if start.button("Start", key="tpu_start", disabled=node.state != "STOPPED"):
+        try:
+            _remember_operation(vms.start_node(node.name))
+        except TpuError as exc:
+            st.error(str(exc))
+        else:
+            st.rerun()
+    if stop.button("Stop…", key="tpu_stop", disabled=node.state != "READY"):
+        st.session_state[CONFIRM_KEY] = {"action": "stop", "node": node.name}
+    if delete.button("Delete…", key="tpu_delete", disabled=node.state == "DELETING"):
+        st.session_state[CONFIRM_KEY] = {"action": "delete", "node": node.name}
+    if recreate.button(
+        "Recreate…",
+        key="tpu_recreate",
+        disabled=not node.is_lost,
+        help="Delete this preempted or terminated node and create it again, same settings.",
+    ):
+        st.session_state[CONFIRM_KEY] = {"action": "recreate", "node": node.name}
+    _confirm(vms, engine, node)
+    if node.health_description:
+        st.caption(f"Health: {node.health_description}")
+    with st.expander(f"Startup script of {node.name}"):
+        if node.startup_script:
+            st.code(node.startup_script, language="bash")
+        else:
+            st.caption("This node has no startup script, so it starts no traindeck worker.")
+
+
+def nodes_section(vms: TpuVms, engine: Engine) -> None:
+    @st.fragment(run_every=NODES_REFRESH_S)
+    def show() -> None:
+        st.subheader(f"Nodes in {vms.project} / {vms.zone}")
+        try:
+            nodes = vms.list_nodes()
+        except TpuError as exc:
+            st.error(str(exc))
+            return
+        try:
+            _remember_recoveries(recover_jobs_of_lost_nodes(engine, nodes))
+            workers = {worker.id: worker for worker in list_workers(engine)}
+        except SQLAlchemyError as exc:
+            st.error(f"The database could not be read or updated: {exc}")
+            workers = {}
+        recoveries = st.session_state.get(RECOVERIES_KEY, [])
+        for summary in recoveries:
+            st.warning(summary, icon=":material/restart_alt:")
+        if recoveries and st.button("Dismiss", key="tpu_dismiss_recoveries"):
+            st.session_state[RECOVERIES_KEY] = []
+            st.rerun()
+        if not nodes:
+            st.info("No TPU VMs here yet. Create one below.")
+            return
+        st.dataframe(_node_rows(nodes, workers), hide_index=True)
+        for node in nodes:
+            if node.is_lost:
+                st.warning(
+                    f"{node.name} is {node.state}: its jobs went back to the queue. Delete it, "
+                    "or recreate it with the same settings.",
+                    icon=":material/warning:",
+                )
+        _node_actions(vms, engine, nodes)
+
+    show()
+
+
+# --- creating a node ------------------------------------------------------------------------
+
+
+def _bootstrap_settings(name: str) -> BootstrapSettings:
+    st.markdown("**The traindeck worker on the VM**")
+    source, ref = st.columns([3, 1])
+    source_url = source.text_input(
+        "traindeck source (git URL or .tar.gz URL)",
+        value=os.environ.get(SOURCE_URL_ENV, ""),
+        key="tpu_new_source",
+        help="Where the VM downloads traindeck from; it must reach it.",
+    )
+    source_ref = ref.text_input("Git branch or tag", value=DEFAULT_SOURCE_REF, key="tpu_new_ref")
+    database_url = st.text_input(
+        "Database URL for the workers",
+        value=os.environ.get(WORKER_DATABASE_URL_ENV) or config.database_url(),
+        key="tpu_new_database_url",
+        help="The shared Postgres server, as the VM reaches it.",
+    )
+    data_dir = st.text_input("Data folder on the VM", value=DEFAULT_DATA_DIR, key="tpu_new_data")
+    return BootstrapSettings(
+        node_name=name.strip(),
+        database_url=database_url.strip(),
+        source_url=source_url.strip(),
+        source_ref=source_ref.strip(),
+        data_dir=data_dir.strip(),
+    )
+
+
+def _machine_inputs(vms: TpuVms) -> dict[str, Any]:
+    types, versions, problem = _zone_choices(vms, vms.endpoint, vms.project, vms.zone)
+    if problem:
+        st.caption(f"The zone's accelerator types and runtime versions are unknown: {problem}")
+    types = types or list(COMMON_ACCELERATOR_TYPES)
+    name_column, type_column, runtime_column = st.columns(3)
+    name = name_column.text_input("Name", key="tpu_new_name", placeholder="traindeck-v4-1")
+    accelerator_type = type_column.selectbox(
+        "Accelerator type",
+        types,
+        index=types.index("v4-8") if "v4-8" in types else 0,
+        key="tpu_new_type",
+    )
+    suggested = suggested_runtime_version(accelerator_type)
+    if versions:
+        runtime_version = runtime_column.selectbox(
+            "Runtime version",
+            versions,
+            index=versions.index(suggested) if suggested in versions else 0,
+            key=f"tpu_new_runtime_{accelerator_type}",
+        )
+    else:
+        runtime_version = runtime_column.text_input(
+            "Runtime version", value=suggested, key=f"tpu_new_runtime_{accelerator_type}"
+        )
+    spot_column, ip_column = st.columns(2)
+    spot = spot_column.checkbox(
+        "Spot VM",
+        value=True,
+        key="tpu_new_spot",
+        help="Far cheaper, but Google may preempt it at any time: its job then goes back to "
+        "the queue and resumes from its checkpoint on another worker.",
+    )
+    external_ip = ip_column.checkbox(
+        "External IP",
+        value=True,
+        key="tpu_new_external_ip",
+        help="The VM downloads packages and traindeck: it needs an external IP unless the "
+        "network has Cloud NAT.",
+    )
+    network_column, subnetwork_column = st.columns(2)
+    network = network_column.text_input("Network", value="default", key="tpu_new_network")
+    subnetwork = subnetwork_column.text_input("Subnetwork (optional)", key="tpu_new_subnetwork")
+    return {
+        "name": name.strip(),
+        "accelerator_type": accelerator_type,
+        "runtime_version": runtime_version.strip(),
+        "spot": spot,
+        "external_ip": external_ip,
+        "network": network.strip(),
+        "subnetwork": subnetwork.strip(),
+    }
+
+
+def create_section(vms: TpuVms) -> None:
+    @st.fragment
+    def show() -> None:
+        st.subheader("Create a TPU VM")
+        machine = _machine_inputs(vms)
+        settings = _bootstrap_settings(machine["name"])
+        problems = settings.problems()
+        script = ""
+        if problems:
+            st.info(
+                "The startup script is written once these are settled:\n\n- "
+                + "\n- ".join(problems)
+            )
+        else:
+            generated = build_startup_script(settings)
+            digest = hashlib.sha256(generated.encode()).hexdigest()[:12]
+            script = st.text_area(
+                "Startup script (you may edit it)",
+                value=generated,
+                height=360,
+                key=f"tpu_new_script_{digest}",
+                help="Changing a setting above writes a new script and drops your edits.",
+            )
+            st.caption(
+                "The script, database URL included, is stored in the node's metadata: anyone "
+                "who may view the node can read it."
+            )
+        if st.button("Create", key="tpu_create", type="primary", disabled=bool(problems)):
+            request = NodeRequest(startup_script=script, **machine)
+            try:
+                _remember_operation(vms.create_node(request))
+            except TpuError as exc:
+                st.error(str(exc))
+                return
+            st.rerun()
+
+    show()
+
+
+# --- the page -------------------------------------------------------------------------------
+
+
+def main() -> None:
+    st.title("TPU VMs")
+    try:
+        endpoint = api_endpoint()
+    except TpuError as exc:
+        st.error(str(exc))
+        st.stop()
+    found = _credentials(endpoint, _credentials_environment())
+    if isinstance(found, TpuError):
+        st.warning(str(found), icon=":material/key:")
+        if st.button("Check again", key="tpu_check_credentials"):
+            _credentials.clear()
+            st.rerun()
+        st.stop()
+
+    project_column, zone_column = st.columns(2)
+    project = project_column.text_input(
+        "Project", value=default_project(found), key="tpu_project", placeholder="my-project-123"
+    )
+    zone = zone_column.text_input(
+        "Zone", value=default_zone(), key="tpu_zone", placeholder="us-central2-b"
+    )
+    st.caption(f"Credentials: {found.source} · API: {endpoint}")
+    if not project.strip() or not zone.strip():
+        st.info("Enter the Google Cloud project and the zone of your TPU VMs.")
+        st.stop()
+    try:
+        client = _client(endpoint, found.source, id(found.credentials), found)
+        vms = TpuVms(client, project, zone, endpoint)
+    except TpuError as exc:
+        st.error(str(exc))
+        st.stop()
+
+    engine = get_engine()
+    operations_section(vms)
+    nodes_section(vms, engine)
+    create_section(vms)
+
+
+main()

@@ -1,0 +1,258 @@
+"""The startup script that turns a fresh TPU VM into a traindeck worker.
+
+Google runs a node's `startup-script` metadata as root at every boot of every host. Ours
+installs Python 3.11, brings traindeck onto the VM (a git repository or a tarball), installs
+the pinned stack from traindeck's requirements.txt plus `torch_xla[tpu]` (which brings libtpu),
+and starts `python -m worker --worker-id tpu-<node name>` under systemd with `PJRT_DEVICE=TPU`
+and the shared `DATABASE_URL`. It is idempotent: a reboot (a stop and start of the node)
+reuses the virtual environment while requirements.txt is unchanged.
+
+The script is a fixed body that reads a few variables set at its top; the values are checked
+here (`BootstrapSettings.problems`) and shell-quoted, so nothing a person types can turn into
+a command. The page shows the script and lets the person edit it before creating the node.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from dashboard.tpu_cloud import NODE_NAME_PATTERN, worker_id_for_node
+
+TORCH_XLA_VERSION = "2.9.0"  # must match requirements.txt (a test checks)
+TORCH_XLA_REQUIREMENT = f"torch_xla[tpu]=={TORCH_XLA_VERSION}"
+DEFAULT_DATA_DIR = "/opt/traindeck/data"
+DEFAULT_SOURCE_REF = "main"
+POSTGRES_SCHEMES = ("postgres", "postgresql", "postgresql+psycopg")
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
+
+_GIT_URL = re.compile(r"^(https?|ssh|git)://[^\s'\"\\$`]+$|^[\w.-]+@[\w.-]+:[^\s'\"\\$`]+$")
+_TARBALL_URL = re.compile(r"^https?://[^\s'\"\\$`]+\.(tar\.gz|tgz)$")
+_GIT_REF = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._/-]*$")
+_DATA_DIR = re.compile(r"^/[A-Za-z0-9._/-]*$")
+# Characters that would need escaping in the systemd EnvironmentFile; URL-encode them instead.
+_UNSAFE_IN_ENV_FILE = re.compile(r"[\s'\"\\$`]")
+
+
+@dataclass(frozen=True)
+class BootstrapSettings:
+    """What the startup script needs to know."""
+
+    node_name: str
+    database_url: str
+    source_url: str
+    source_ref: str = DEFAULT_SOURCE_REF
+    data_dir: str = DEFAULT_DATA_DIR
+
+    @property
+    def worker_id(self) -> str:
+        return worker_id_for_node(self.node_name)
+
+    @property
+    def source_is_tarball(self) -> bool:
+        return bool(_TARBALL_URL.match(self.source_url))
+
+    def problems(self) -> list[str]:
+        """Everything that keeps these settings from making a working worker."""
+        found = []
+        if not NODE_NAME_PATTERN.match(self.node_name):
+            found.append(f"The node name {self.node_name!r} is not a valid TPU VM name.")
+        found += database_url_problems(self.database_url)
+        if not self.source_url:
+            found.append(
+                "Say where the VM gets traindeck: a git URL (https://…/traindeck.git) or a "
+                "tarball URL (…/traindeck.tar.gz) that the VM can download."
+            )
+        elif not (_GIT_URL.match(self.source_url) or self.source_is_tarball):
+            found.append(
+                f"The source {self.source_url!r} is neither a git URL (https://, ssh://, "
+                "git@host:path) nor a tarball URL ending in .tar.gz or .tgz."
+            )
+        if not self.source_is_tarball and not _GIT_REF.match(self.source_ref):
+            found.append(f"The git branch or tag {self.source_ref!r} is not a valid name.")
+        if not _DATA_DIR.match(self.data_dir) or ".." in self.data_dir.split("/"):
+            found.append(
+                f"The data folder {self.data_dir!r} must be an absolute path of letters, "
+                "digits, '.', '_', '-' and '/'."
+            )
+        return found
+
+
+def database_url_problems(url: str) -> list[str]:
+    """Why `url` cannot be the queue that workers on other machines share, if it cannot."""
+    if not url.strip():
+        return ["Set the database URL the workers use: the shared Postgres server."]
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    if scheme.startswith("sqlite"):
+        return [
+            "The database is a SQLite file on this machine, which a TPU VM cannot open. "
+            "Workers on several machines share one Postgres database: set DATABASE_URL to "
+            "postgresql://user:password@host:5432/traindeck (for the dashboard too)."
+        ]
+    if scheme not in POSTGRES_SCHEMES:
+        return [f"The database URL must be a postgresql:// URL, not {scheme or url!r}://…"]
+    found = []
+    if _UNSAFE_IN_ENV_FILE.search(url):
+        found.append(
+            "The database URL contains a space, a quote, a backslash, '$' or '`': "
+            "URL-encode them (e.g. %24 for $)."
+        )
+    try:
+        host = parts.hostname
+    except ValueError:
+        host = None
+    if not host:
+        found.append("The database URL names no host the VM could connect to.")
+    elif host in LOCAL_HOSTS:
+        found.append(
+            f"The database URL points at {host}, which on the TPU VM is the VM itself: use "
+            "an address the VM can reach (the database server's private IP, or Cloud SQL)."
+        )
+    return found
+
+
+def build_startup_script(settings: BootstrapSettings) -> str:
+    """The startup script for `settings` (which must have no `problems()`)."""
+    problems = settings.problems()
+    if problems:
+        raise ValueError(" ".join(problems))
+    values = {
+        "WORKER_ID": settings.worker_id,
+        "SOURCE_URL": settings.source_url,
+        "SOURCE_REF": settings.source_ref,
+        "DATABASE_URL": settings.database_url.strip(),
+        "TRAINDECK_DATA": settings.data_dir,
+        "TORCH_XLA_REQUIREMENT": TORCH_XLA_REQUIREMENT,
+    }
+    assignments = "\n".join(f"{name}={shlex.quote(value)}" for name, value in values.items())
+    header = (
+        "#!/bin/bash\n"
+        f"# traindeck worker bootstrap for the TPU VM {settings.node_name}, written by the\n"
+        "# traindeck dashboard. Google runs it as root at every boot of every host.\n"
+        "# Its log: /var/log/traindeck-bootstrap.log; the worker's: journalctl -u "
+        "traindeck-worker\n"
+    )
+    return f"{header}\n{assignments}\n{SCRIPT_BODY}"
+
+
+SCRIPT_BODY = r"""
+BASE=/opt/traindeck
+SRC="$BASE/src"
+VENV="$BASE/venv"
+ENV_FILE=/etc/traindeck/worker.env
+UNIT_FILE=/etc/systemd/system/traindeck-worker.service
+METADATA=http://metadata.google.internal/computeMetadata/v1/instance/attributes
+
+install_system_packages() {
+    if command -v python3.11 >/dev/null && python3.11 -c 'import ensurepip' 2>/dev/null \
+        && command -v git >/dev/null && command -v curl >/dev/null; then
+        return
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q python3.11 python3.11-venv git curl ca-certificates
+}
+
+fetch_source() {
+    mkdir -p "$BASE"
+    case "$SOURCE_URL" in
+        *.tar.gz | *.tgz)
+            rm -rf "$SRC.new"
+            mkdir -p "$SRC.new"
+            curl -fsSL --retry 5 "$SOURCE_URL" | tar -xz -C "$SRC.new"
+            # The tarball holds traindeck at its top or in one folder (as git archives do).
+            local top
+            top=$(find "$SRC.new" -maxdepth 2 -name requirements.txt -printf '%h\n' \
+                | sort | head -n 1)
+            if [ -z "$top" ]; then
+                echo "error: $SOURCE_URL holds no requirements.txt: is it traindeck?" >&2
+                return 1
+            fi
+            rm -rf "$SRC"
+            mv "$top" "$SRC"
+            rm -rf "$SRC.new"
+            ;;
+        *)
+            if [ -d "$SRC/.git" ]; then
+                git -C "$SRC" fetch --depth 1 origin "$SOURCE_REF"
+                git -C "$SRC" checkout --force FETCH_HEAD
+            else
+                rm -rf "$SRC"
+                git clone --depth 1 --branch "$SOURCE_REF" "$SOURCE_URL" "$SRC"
+            fi
+            ;;
+    esac
+}
+
+install_python_stack() {
+    local stamp
+    stamp="$(sha256sum "$SRC/requirements.txt" | cut -d' ' -f1) $TORCH_XLA_REQUIREMENT"
+    if [ "$(cat "$VENV/.traindeck-stamp" 2>/dev/null || true)" = "$stamp" ]; then
+        return
+    fi
+    rm -rf "$VENV"
+    python3.11 -m venv "$VENV"
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+    "$VENV/bin/python" -m pip install --quiet -r "$SRC/requirements.txt" "$TORCH_XLA_REQUIREMENT"
+    echo "$stamp" >"$VENV/.traindeck-stamp"
+}
+
+write_worker_service() {
+    mkdir -p "$TRAINDECK_DATA" "$(dirname "$ENV_FILE")"
+    chmod 700 "$(dirname "$ENV_FILE")"
+    (
+        umask 077
+        cat >"$ENV_FILE" <<ENV
+DATABASE_URL=$DATABASE_URL
+TRAINDECK_DATA=$TRAINDECK_DATA
+PJRT_DEVICE=TPU
+ENV
+    )
+    cat >"$UNIT_FILE" <<UNIT
+[Unit]
+Description=traindeck worker $WORKER_ID
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+EnvironmentFile=$ENV_FILE
+WorkingDirectory=$SRC
+ExecStart=$VENV/bin/python -m worker --worker-id $WORKER_ID
+Restart=on-failure
+RestartSec=15
+TimeoutStopSec=120
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+}
+
+main() {
+    set -euo pipefail
+    exec >>/var/log/traindeck-bootstrap.log 2>&1
+    echo "== traindeck bootstrap of $WORKER_ID, $(date -Is)"
+    # A slice of several hosts runs this script on each; one worker drives the slice, on host 0.
+    local host_number
+    host_number=$(curl -sf -H 'Metadata-Flavor: Google' "$METADATA/agent-worker-number" || echo 0)
+    if [ "$host_number" != "0" ]; then
+        echo "host $host_number of a multi-host slice: the traindeck worker runs on host 0"
+        return 0
+    fi
+    install_system_packages
+    fetch_source
+    install_python_stack
+    write_worker_service
+    systemctl daemon-reload
+    systemctl enable traindeck-worker.service
+    systemctl restart traindeck-worker.service
+    echo "== traindeck worker $WORKER_ID started; follow it: journalctl -u traindeck-worker -f"
+}
+
+# TRAINDECK_BOOTSTRAP_DEFINE_ONLY=1 only defines the steps (the tests run them one by one).
+if [ "${TRAINDECK_BOOTSTRAP_DEFINE_ONLY:-0}" != 1 ]; then
+    main "$@"
+fi
+"""

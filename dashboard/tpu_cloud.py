@@ -1,0 +1,676 @@
+"""Cloud TPU VMs through `google.cloud.tpu_v2`: list, create, start, stop and delete nodes,
+follow the long-running operations those start, find credentials, and word every failure
+for a person. No Streamlit here: the TPU VMs page and the watcher (`python -m
+dashboard.tpu_watch`) both build on it.
+
+Configuration (environment):
+- `TRAINDECK_TPU_API_ENDPOINT`: the API's address, `https://tpu.googleapis.com` by default; an
+  `http://host:port` address is a local fake or emulator.
+- `TRAINDECK_TPU_CREDENTIALS`: a service-account key file (JSON). Unset: Application Default
+  Credentials (`GOOGLE_APPLICATION_CREDENTIALS`, `gcloud auth application-default login`, or
+  the metadata server of a Google Cloud VM). `anonymous` is accepted for a local endpoint only.
+- `TRAINDECK_TPU_PROJECT` (else `GOOGLE_CLOUD_PROJECT`, else the credentials' project) and
+  `TRAINDECK_TPU_ZONE`: what the page starts with.
+
+Preemption: a node in one of `LOST_STATES` no longer runs its worker, so
+`recover_jobs_of_lost_nodes` puts that worker's running jobs back in the queue at once (they
+resume from their checkpoints elsewhere) with a job event saying why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import google.auth
+import requests
+from google.api_core import exceptions as api_exceptions
+from google.api_core.client_options import ClientOptions
+from google.auth import exceptions as auth_exceptions
+from google.auth.credentials import AnonymousCredentials, Credentials
+from google.cloud import tpu_v2
+from google.longrunning import operations_pb2
+from google.oauth2 import service_account
+from google.rpc import code_pb2
+from sqlalchemy import Engine
+
+from db import queue
+
+GOOGLE_TPU_API_ENDPOINT = "https://tpu.googleapis.com"
+ENDPOINT_ENV = "TRAINDECK_TPU_API_ENDPOINT"
+CREDENTIALS_ENV = "TRAINDECK_TPU_CREDENTIALS"
+PROJECT_ENV = "TRAINDECK_TPU_PROJECT"
+ZONE_ENV = "TRAINDECK_TPU_ZONE"
+ANONYMOUS = "anonymous"
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+
+# The client library sets no timeout of its own: a silent endpoint would hang the page.
+REQUEST_TIMEOUT_S = 30.0
+WORKER_ID_PREFIX = "tpu-"
+TRAINDECK_LABEL = ("managed-by", "traindeck")
+MAX_STARTUP_SCRIPT_BYTES = 256 * 1024  # the Compute Engine limit of one metadata value
+
+# States in which the node's VM is gone: whatever its worker was running must move elsewhere.
+LOST_STATES = ("PREEMPTED", "TERMINATED", "STOPPED")
+LOST_STATE_WORDS = {
+    "PREEMPTED": "was preempted (Google Cloud took the spot capacity back)",
+    "TERMINATED": "was terminated (maintenance, or the end of its spot lifetime)",
+    "STOPPED": "was stopped",
+}
+
+NODE_NAME_PATTERN = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+ACCELERATOR_TYPE_PATTERN = re.compile(r"^v\d+[a-z]*-\d+$")
+PROJECT_PATTERN = re.compile(r"^[a-z][-a-z0-9:.]{4,62}[a-z0-9]$")
+ZONE_PATTERN = re.compile(r"^[a-z]+-[a-z]+\d+-[a-z]$")
+RESOURCE_NAME_PATTERN = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+# What PyTorch/XLA's documentation runs on each TPU generation.
+RUNTIME_VERSION_FOR = {
+    "v2": "tpu-ubuntu2204-base",
+    "v3": "tpu-ubuntu2204-base",
+    "v4": "tpu-ubuntu2204-base",
+    "v5litepod": "v2-alpha-tpuv5-lite",
+    "v5p": "v2-alpha-tpuv5",
+    "v6e": "v2-alpha-tpuv6e",
+}
+COMMON_ACCELERATOR_TYPES = ("v2-8", "v3-8", "v4-8", "v5litepod-8", "v5p-8", "v6e-8")
+
+HOW_TO_SET_CREDENTIALS = (
+    "To manage TPU VMs here, give the dashboard Google Cloud credentials with the role "
+    "TPU Admin (`roles/tpu.admin`), in one of these ways, then press *Check again*:\n"
+    "- run `gcloud auth application-default login` on the machine of the dashboard "
+    "(Application Default Credentials);\n"
+    "- set `TRAINDECK_TPU_CREDENTIALS` (or `GOOGLE_APPLICATION_CREDENTIALS`) to the path of "
+    "a service-account key file (JSON) before starting the dashboard;\n"
+    "- or run the dashboard on a Google Cloud VM whose service account has that role.\n\n"
+    "Everything else in traindeck works without them."
+)
+
+
+class TpuError(Exception):
+    """Something went wrong with the Cloud TPU API, worded for a person."""
+
+
+class CredentialsMissing(TpuError):
+    """No usable credentials: the message says what was tried and how to set them."""
+
+
+class NodeRequestError(TpuError):
+    """A node to create is described wrongly; the message lists every problem."""
+
+
+# --- where the API is, and who we are -------------------------------------------------------
+
+
+def api_endpoint() -> str:
+    """`TRAINDECK_TPU_API_ENDPOINT`, checked, or Google's endpoint."""
+    raw = os.environ.get(ENDPOINT_ENV, "").strip().rstrip("/")
+    if not raw:
+        return GOOGLE_TPU_API_ENDPOINT
+    parts = urlsplit(raw if "://" in raw else f"https://{raw}")
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path:
+        raise TpuError(
+            f"{ENDPOINT_ENV} must be an address like https://tpu.googleapis.com or "
+            f"http://127.0.0.1:8080, not {raw!r}"
+        )
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def is_google_endpoint(endpoint: str) -> bool:
+    host = urlsplit(endpoint).hostname or ""
+    return host == "googleapis.com" or host.endswith(".googleapis.com")
+
+
+@dataclass(frozen=True)
+class FoundCredentials:
+    credentials: Credentials
+    project: str | None
+    source: str
+
+
+def load_credentials(endpoint: str) -> FoundCredentials:
+    """The credentials to call `endpoint` with, or `CredentialsMissing` saying why not."""
+    raw = os.environ.get(CREDENTIALS_ENV, "").strip()
+    if raw.lower() == ANONYMOUS:
+        if is_google_endpoint(endpoint):
+            raise CredentialsMissing(
+                f"{CREDENTIALS_ENV}=anonymous works only with a local API endpoint "
+                f"({ENDPOINT_ENV}), not with {endpoint}.\n\n{HOW_TO_SET_CREDENTIALS}"
+            )
+        return FoundCredentials(AnonymousCredentials(), None, f"anonymous, for {endpoint}")
+    if raw:
+        return _service_account_file(Path(raw).expanduser())
+    try:
+        credentials, project = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+    except auth_exceptions.DefaultCredentialsError as exc:
+        raise CredentialsMissing(
+            f"No Google Cloud credentials were found ({_first_line(exc)}).\n\n"
+            f"{HOW_TO_SET_CREDENTIALS}"
+        ) from None
+    return FoundCredentials(credentials, project, "Application Default Credentials")
+
+
+def _service_account_file(path: Path) -> FoundCredentials:
+    problem = f"{CREDENTIALS_ENV} names {path}, which"
+    if not path.is_file():
+        raise CredentialsMissing(f"{problem} is not a file.\n\n{HOW_TO_SET_CREDENTIALS}")
+    try:
+        credentials = service_account.Credentials.from_service_account_file(
+            str(path), scopes=[CLOUD_PLATFORM_SCOPE]
+        )
+    except (ValueError, KeyError, OSError) as exc:
+        raise CredentialsMissing(
+            f"{problem} is not a usable service-account key file: {_first_line(exc)}.\n\n"
+            f"{HOW_TO_SET_CREDENTIALS}"
+        ) from None
+    source = f"service account {credentials.service_account_email} (key file {path})"
+    return FoundCredentials(credentials, credentials.project_id, source)
+
+
+def default_project(found: FoundCredentials | None = None) -> str:
+    for name in (PROJECT_ENV, "GOOGLE_CLOUD_PROJECT"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value
+    return (found.project if found else None) or ""
+
+
+def default_zone() -> str:
+    return os.environ.get(ZONE_ENV, "").strip()
+
+
+def make_client(endpoint: str, credentials: Credentials) -> tpu_v2.TpuClient:
+    """The real `TpuClient` on the REST transport, pointed at `endpoint`."""
+    options = None if endpoint == GOOGLE_TPU_API_ENDPOINT else ClientOptions(api_endpoint=endpoint)
+    return tpu_v2.TpuClient(credentials=credentials, transport="rest", client_options=options)
+
+
+# --- what the page shows --------------------------------------------------------------------
+
+
+def worker_id_for_node(node_name: str) -> str:
+    """The traindeck worker that the bootstrap script starts on the node `node_name`."""
+    return f"{WORKER_ID_PREFIX}{node_name}"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One TPU VM, in the words the page uses."""
+
+    name: str
+    resource_name: str
+    accelerator_type: str
+    runtime_version: str
+    state: str
+    health: str
+    health_description: str
+    internal_ips: tuple[str, ...]
+    external_ips: tuple[str, ...]
+    spot: bool
+    preemptible: bool
+    network: str
+    subnetwork: str
+    external_ip_enabled: bool
+    labels: dict[str, str]
+    startup_script: str | None
+    description: str
+    created_at: datetime | None
+
+    @property
+    def worker_id(self) -> str:
+        return worker_id_for_node(self.name)
+
+    @property
+    def is_lost(self) -> bool:
+        return self.state in LOST_STATES
+
+    @property
+    def is_traindeck(self) -> bool:
+        return self.labels.get(TRAINDECK_LABEL[0]) == TRAINDECK_LABEL[1]
+
+    @property
+    def pricing(self) -> str:
+        if self.spot:
+            return "spot"
+        return "preemptible" if self.preemptible else "on-demand"
+
+
+def node_info(node: tpu_v2.Node) -> NodeInfo:
+    endpoints = list(node.network_endpoints)
+    created = node.create_time
+    return NodeInfo(
+        name=node.name.rsplit("/", 1)[-1],
+        resource_name=node.name,
+        accelerator_type=node.accelerator_type
+        or (f"{node.accelerator_config.type_.name}:{node.accelerator_config.topology}"),
+        runtime_version=node.runtime_version,
+        state=tpu_v2.Node.State(node.state).name,
+        health=tpu_v2.Node.Health(node.health).name,
+        health_description=node.health_description,
+        internal_ips=tuple(e.ip_address for e in endpoints if e.ip_address),
+        external_ips=tuple(
+            e.access_config.external_ip for e in endpoints if e.access_config.external_ip
+        ),
+        spot=node.scheduling_config.spot,
+        preemptible=node.scheduling_config.preemptible,
+        network=node.network_config.network,
+        subnetwork=node.network_config.subnetwork,
+        external_ip_enabled=node.network_config.enable_external_ips,
+        labels=dict(node.labels),
+        startup_script=dict(node.metadata).get("startup-script"),
+        description=node.description,
+        created_at=datetime.fromtimestamp(created.timestamp(), UTC) if created else None,
+    )
+
+
+@dataclass(frozen=True)
+class NodeRequest:
+    """What a person asks for when creating a TPU VM."""
+
+    name: str
+    accelerator_type: str
+    runtime_version: str
+    startup_script: str
+    spot: bool = True
+    network: str = "default"
+    subnetwork: str = ""
+    external_ip: bool = True
+    description: str = "traindeck worker"
+    labels: dict[str, str] = field(default_factory=lambda: dict([TRAINDECK_LABEL]))
+
+    def problems(self) -> list[str]:
+        found = []
+        if not NODE_NAME_PATTERN.match(self.name):
+            found.append(
+                f"The name {self.name!r} is not a valid TPU VM name: 1 to 63 lowercase "
+                "letters, digits and hyphens, starting with a letter and not ending with a "
+                "hyphen."
+            )
+        if not ACCELERATOR_TYPE_PATTERN.match(self.accelerator_type):
+            found.append(
+                f"The accelerator type {self.accelerator_type!r} is not one like v3-8, v4-8 "
+                "or v5litepod-8."
+            )
+        if not self.runtime_version.strip() or any(c.isspace() for c in self.runtime_version):
+            found.append(
+                f"The runtime version {self.runtime_version!r} is empty or contains spaces "
+                "(e.g. tpu-ubuntu2204-base)."
+            )
+        for what, value in (("network", self.network), ("subnetwork", self.subnetwork)):
+            if value and not _is_network_name(value):
+                found.append(
+                    f"The {what} {value!r} is neither a name like 'default' nor a path like "
+                    f"projects/PROJECT/global/networks/NAME."
+                )
+        if not self.startup_script.strip():
+            found.append("The startup script is empty: the VM would not start a worker.")
+        elif len(self.startup_script.encode()) > MAX_STARTUP_SCRIPT_BYTES:
+            found.append(
+                f"The startup script is {len(self.startup_script.encode()):,} bytes; a "
+                f"metadata value holds at most {MAX_STARTUP_SCRIPT_BYTES:,}."
+            )
+        return found
+
+    def to_node(self) -> tpu_v2.Node:
+        network = tpu_v2.NetworkConfig(
+            network=self.network or "default",
+            subnetwork=self.subnetwork,
+            enable_external_ips=self.external_ip,
+        )
+        return tpu_v2.Node(
+            accelerator_type=self.accelerator_type,
+            runtime_version=self.runtime_version.strip(),
+            description=self.description,
+            network_config=network,
+            scheduling_config=tpu_v2.SchedulingConfig(spot=self.spot),
+            metadata={"startup-script": self.startup_script},
+            labels=self.labels,
+        )
+
+
+def _is_network_name(value: str) -> bool:
+    if RESOURCE_NAME_PATTERN.match(value):
+        return True
+    parts = value.split("/")
+    return (
+        len(parts) in (5, 6)
+        and parts[0] == "projects"
+        and parts[-2] in ("networks", "subnetworks")
+        and all(parts)
+    )
+
+
+def request_from_node(node: NodeInfo) -> NodeRequest:
+    """The request that creates `node` again (after a preemption), startup script included."""
+    return NodeRequest(
+        name=node.name,
+        accelerator_type=node.accelerator_type,
+        runtime_version=node.runtime_version,
+        startup_script=node.startup_script or "",
+        spot=node.spot or node.preemptible,
+        network=node.network.rsplit("/", 1)[-1] if node.network else "default",
+        subnetwork=node.subnetwork,
+        external_ip=node.external_ip_enabled,
+        description=node.description or "traindeck worker",
+        labels=node.labels or dict([TRAINDECK_LABEL]),
+    )
+
+
+def suggested_runtime_version(accelerator_type: str) -> str:
+    generation = accelerator_type.split("-", 1)[0]
+    return RUNTIME_VERSION_FOR.get(generation, "tpu-ubuntu2204-base")
+
+
+@dataclass(frozen=True)
+class OperationStatus:
+    """Where a long-running operation stands."""
+
+    name: str
+    verb: str
+    target: str
+    done: bool
+    detail: str
+    error: str | None
+    started_at: datetime | None
+    ended_at: datetime | None
+
+    @property
+    def target_name(self) -> str:
+        return self.target.rsplit("/", 1)[-1]
+
+    @property
+    def succeeded(self) -> bool:
+        return self.done and self.error is None
+
+    def elapsed_s(self, now: datetime | None = None) -> float | None:
+        if self.started_at is None:
+            return None
+        end = self.ended_at or now or datetime.now(UTC)
+        return max(0.0, (end - self.started_at).total_seconds())
+
+
+def operation_status(operation: operations_pb2.Operation) -> OperationStatus:
+    metadata = tpu_v2.OperationMetadata()
+    if operation.HasField("metadata") and operation.metadata.type_url.endswith("OperationMetadata"):
+        metadata = tpu_v2.OperationMetadata.deserialize(operation.metadata.value)
+    error = None
+    if operation.HasField("error") and operation.error.code:
+        error = describe_operation_error(
+            metadata.verb, metadata.target, operation.error.code, operation.error.message
+        )
+    created, ended = metadata.create_time, metadata.end_time
+    return OperationStatus(
+        name=operation.name,
+        verb=metadata.verb or "operation",
+        target=metadata.target,
+        done=operation.done,
+        detail=metadata.status_detail,
+        error=error,
+        started_at=datetime.fromtimestamp(created.timestamp(), UTC) if created else None,
+        ended_at=datetime.fromtimestamp(ended.timestamp(), UTC) if ended else None,
+    )
+
+
+def describe_operation_error(verb: str, target: str, code: int, message: str) -> str:
+    what = f"{verb or 'The operation'} {target.rsplit('/', 1)[-1]}".strip()
+    name = code_pb2.Code.Name(code) if code in code_pb2.Code.values() else str(code)
+    text = f"{what} failed: {message} ({name})"
+    if code == code_pb2.RESOURCE_EXHAUSTED:
+        text += (
+            ". The zone has no free capacity of this type, or the project's quota is used up: "
+            "try again later, another zone, or ask for more quota (IAM & Admin → Quotas)."
+        )
+    return text
+
+
+# --- errors, worded for a person ------------------------------------------------------------
+
+
+def describe_api_error(exc: Exception, doing: str, endpoint: str, project: str = "") -> str:
+    """A readable message for a failure of the API call described by `doing`."""
+    if isinstance(exc, api_exceptions.GoogleAPICallError):
+        # The REST transport prefixes the API's message with "POST https://…: ".
+        message = _REQUEST_PREFIX.sub("", exc.message or str(exc))
+        status = f"HTTP {exc.code}" if exc.code else "error"
+        if isinstance(exc, api_exceptions.TooManyRequests) or "quota" in message.lower():
+            return (
+                f"Quota exceeded while {doing}: {message} ({status}). Ask for more quota "
+                "(Google Cloud console → IAM & Admin → Quotas), or choose another zone or "
+                "accelerator type."
+            )
+        if isinstance(exc, api_exceptions.Forbidden):
+            where = f" in project {project}" if project else ""
+            return (
+                f"Permission denied while {doing}: {message} ({status}). The credentials "
+                f"need the role TPU Admin (roles/tpu.admin){where}, and the Cloud TPU API "
+                "must be enabled there."
+            )
+        if isinstance(exc, api_exceptions.Unauthorized):
+            return (
+                f"The Cloud TPU API did not accept the credentials while {doing}: {message} "
+                f"({status}). {HOW_TO_SET_CREDENTIALS}"
+            )
+        if isinstance(exc, api_exceptions.NotFound):
+            return (
+                f"Not found while {doing}: {message} ({status}). Check the project, the zone "
+                "and the node's name; the node may already be gone."
+            )
+        if isinstance(exc, api_exceptions.Conflict):
+            return f"Conflict while {doing}: {message} ({status})."
+        if isinstance(exc, api_exceptions.BadRequest):
+            return f"The Cloud TPU API refused {doing}: {message} ({status})."
+        return f"The Cloud TPU API failed while {doing}: {message} ({status})."
+    if isinstance(exc, auth_exceptions.GoogleAuthError):
+        return (
+            f"The credentials could not get an access token while {doing}: "
+            f"{_first_line(exc)}. {HOW_TO_SET_CREDENTIALS}"
+        )
+    if isinstance(exc, requests.exceptions.Timeout):
+        return f"The Cloud TPU API at {endpoint} did not answer within {REQUEST_TIMEOUT_S:g} s."
+    if isinstance(exc, requests.exceptions.RequestException):
+        return f"Cannot reach the Cloud TPU API at {endpoint} while {doing}: {_reason(exc)}"
+    return f"Unexpected failure while {doing}: {_first_line(exc)}"
+
+
+_REQUEST_PREFIX = re.compile(r"^(GET|POST|PUT|PATCH|DELETE) \S+: ")
+_API_FAILURES = (
+    api_exceptions.GoogleAPICallError,
+    auth_exceptions.GoogleAuthError,
+    requests.exceptions.RequestException,
+)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _reason(exc: requests.exceptions.RequestException) -> str:
+    text = _first_line(exc)
+    match = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
+    return match.group(1) if match else text
+
+
+# --- the API --------------------------------------------------------------------------------
+
+
+class TpuVms:
+    """The TPU VMs of one project and zone. Every failure is raised as `TpuError`."""
+
+    def __init__(self, client: tpu_v2.TpuClient, project: str, zone: str, endpoint: str):
+        project, zone = project.strip(), zone.strip()
+        problems = []
+        if not PROJECT_PATTERN.match(project):
+            problems.append(f"{project!r} is not a Google Cloud project id (e.g. my-project-123)")
+        if not ZONE_PATTERN.match(zone):
+            problems.append(f"{zone!r} is not a zone (e.g. us-central2-b)")
+        if problems:
+            raise TpuError("; ".join(problems) + ".")
+        self.client = client
+        self.project = project
+        self.zone = zone
+        self.endpoint = endpoint
+
+    @property
+    def parent(self) -> str:
+        return f"projects/{self.project}/locations/{self.zone}"
+
+    def node_path(self, name: str) -> str:
+        return f"{self.parent}/nodes/{name}"
+
+    @contextlib.contextmanager
+    def _calling(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except _API_FAILURES as exc:
+            raise TpuError(describe_api_error(exc, doing, self.endpoint, self.project)) from exc
+
+    def list_nodes(self) -> list[NodeInfo]:
+        with self._calling(f"listing the TPU VMs of {self.project} in {self.zone}"):
+            pages = self.client.list_nodes(parent=self.parent, timeout=REQUEST_TIMEOUT_S)
+            return sorted((node_info(node) for node in pages), key=lambda node: node.name)
+
+    def get_node(self, name: str) -> NodeInfo:
+        with self._calling(f"reading TPU VM {name}"):
+            return node_info(
+                self.client.get_node(name=self.node_path(name), timeout=REQUEST_TIMEOUT_S)
+            )
+
+    def list_accelerator_types(self) -> list[str]:
+        with self._calling(f"listing the accelerator types of {self.zone}"):
+            pages = self.client.list_accelerator_types(
+                parent=self.parent, timeout=REQUEST_TIMEOUT_S
+            )
+            return sorted({item.type_ for item in pages if item.type_}, key=_accelerator_order)
+
+    def list_runtime_versions(self) -> list[str]:
+        with self._calling(f"listing the runtime versions of {self.zone}"):
+            pages = self.client.list_runtime_versions(parent=self.parent, timeout=REQUEST_TIMEOUT_S)
+            return sorted({item.version for item in pages if item.version})
+
+    def create_node(self, request: NodeRequest) -> OperationStatus:
+        problems = request.problems()
+        if problems:
+            raise NodeRequestError("\n".join(problems))
+        with self._calling(f"creating TPU VM {request.name}"):
+            operation = self.client.create_node(
+                parent=self.parent,
+                node=request.to_node(),
+                node_id=request.name,
+                timeout=REQUEST_TIMEOUT_S,
+            )
+            return operation_status(operation.operation)
+
+    def start_node(self, name: str) -> OperationStatus:
+        with self._calling(f"starting TPU VM {name}"):
+            operation = self.client.start_node(
+                request={"name": self.node_path(name)}, timeout=REQUEST_TIMEOUT_S
+            )
+            return operation_status(operation.operation)
+
+    def stop_node(self, name: str) -> OperationStatus:
+        with self._calling(f"stopping TPU VM {name}"):
+            operation = self.client.stop_node(
+                request={"name": self.node_path(name)}, timeout=REQUEST_TIMEOUT_S
+            )
+            return operation_status(operation.operation)
+
+    def delete_node(self, name: str) -> OperationStatus:
+        with self._calling(f"deleting TPU VM {name}"):
+            operation = self.client.delete_node(
+                name=self.node_path(name), timeout=REQUEST_TIMEOUT_S
+            )
+            return operation_status(operation.operation)
+
+    def operation(self, name: str) -> OperationStatus:
+        with self._calling("checking an operation's progress"):
+            raw = self.client.get_operation(request={"name": name}, timeout=REQUEST_TIMEOUT_S)
+            return operation_status(raw)
+
+    def wait(
+        self,
+        name: str,
+        *,
+        poll_s: float = 5.0,
+        timeout_s: float = 1800.0,
+        on_progress: Callable[[OperationStatus], None] | None = None,
+    ) -> OperationStatus:
+        """Poll the operation `name` until it is done; `on_progress` sees every state."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = self.operation(name)
+            if on_progress is not None:
+                on_progress(status)
+            if status.done:
+                return status
+            if time.monotonic() >= deadline:
+                raise TpuError(
+                    f"{status.verb} {status.target_name} is still running after "
+                    f"{timeout_s:g} s; its progress stays visible on the TPU VMs page."
+                )
+            time.sleep(poll_s)
+
+
+def _accelerator_order(accelerator_type: str) -> tuple[Any, ...]:
+    generation, _, cores = accelerator_type.rpartition("-")
+    digits = re.match(r"v(\d+)", generation)
+    return (
+        int(digits.group(1)) if digits else 0,
+        generation,
+        int(cores) if cores.isdigit() else 0,
+    )
+
+
+# --- preemption -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """Jobs taken back from the worker of a node that is gone."""
+
+    node: str
+    state: str
+    worker_id: str
+    outcomes: list[tuple[int, str]]
+
+    def summary(self) -> str:
+        parts = [f"job {job_id} → {status}" for job_id, status in self.outcomes]
+        return (
+            f"TPU VM {self.node} {LOST_STATE_WORDS.get(self.state, self.state.lower())}: "
+            + ", ".join(parts)
+        )
+
+
+def lost_node_reason(node_name: str, state: str) -> str:
+    words = LOST_STATE_WORDS.get(state, f"is {state}")
+    return f"its TPU VM {node_name} {words}; it resumes from its last checkpoint on another worker"
+
+
+def deleted_node_reason(node_name: str) -> str:
+    return (
+        f"its TPU VM {node_name} is being deleted; it resumes from its last checkpoint on "
+        "another worker"
+    )
+
+
+def recover_jobs_of_lost_nodes(engine: Engine, nodes: Iterable[NodeInfo]) -> list[Recovery]:
+    """Requeue the running jobs of every node whose VM is gone (PREEMPTED, TERMINATED,
+    STOPPED). Harmless to call again and again: a worker's jobs are requeued only once."""
+    recoveries = []
+    for node in nodes:
+        if not node.is_lost:
+            continue
+        outcomes = queue.requeue_jobs_of_worker(
+            engine, node.worker_id, lost_node_reason(node.name, node.state)
+        )
+        if outcomes:
+            recoveries.append(Recovery(node.name, node.state, node.worker_id, outcomes))
+    return recoveries
