@@ -258,6 +258,35 @@ def release(engine: Engine, lease: Lease, reason: str) -> bool:
     return True
 
 
+def requeue_after_crash(engine: Engine, lease: Lease, reason: str) -> str | None:
+    """Back to the queue after the job's process died (the attempt counts), or failed when
+    its attempts are used up. Returns the new status, or None when the lease was lost."""
+    now = utcnow()
+    with write_tx(engine) as connection:
+        requeued = connection.execute(
+            update(Job)
+            .where(_owned(lease) & (Job.attempts < Job.max_attempts))
+            .values(status="queued", worker_id=None, heartbeat_at=None, eta_seconds=None)
+        ).rowcount
+        if requeued:
+            connection.execute(_event(lease.job_id, "warning", f"requeued: {reason}"))
+            return "queued"
+        failed = connection.execute(
+            update(Job)
+            .where(_owned(lease))
+            .values(
+                status="failed",
+                finished_at=now,
+                eta_seconds=None,
+                error=f"{reason}, and all its attempts are used",
+            )
+        ).rowcount
+        if failed:
+            connection.execute(_event(lease.job_id, "error", f"failed: {reason}"))
+            return "failed"
+    return None
+
+
 def requeue_stale(engine: Engine, timeout_s: float) -> list[tuple[int, str]]:
     """Recover running jobs whose heartbeat is older than `timeout_s`.
 

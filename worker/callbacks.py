@@ -1,0 +1,304 @@
+"""The fastai callbacks traindeck adds to a Learner.
+
+None of them makes the device compute or copy anything the run would not anyway: on XLA a
+`.item()` or `.cpu()` forces a sync, so values are taken where fastai already moved them to
+the host (its smoothed loss, its epoch log) or are plain Python numbers (the learning rate).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from fastai.callback.core import Callback, CancelFitException
+from fastai.callback.schedule import LRFinder
+
+from db.telemetry import BATCH, EPOCH, MetricPoint
+from worker.reporter import Progress, TelemetryWriter
+
+# fastai's epoch-log column names → traindeck's metric names (the `epoch/` prefix is added).
+EPOCH_COLUMN_NAMES = {"top_k_accuracy": "top5_accuracy"}
+
+
+def in_lr_find(learn: Any) -> bool:
+    return any(isinstance(cb, LRFinder) for cb in learn.cbs)
+
+
+class RawLossTracker:
+    """Recovers each batch's raw training loss from fastai's smoothed loss, on the host.
+
+    fastai's Recorder keeps `val = lerp(loss, val, beta)`, i.e. val_t = beta·val_(t-1) +
+    (1-beta)·loss_t, with the batch loss already copied to the CPU. Inverting that gives
+    loss_t exactly, without a second device→host copy of the loss (a sync on XLA).
+    """
+
+    def __init__(self) -> None:
+        self._previous = 0.0
+
+    def raw_loss(self, smooth_loss: Any) -> float:
+        if smooth_loss.count <= 1:
+            self._previous = 0.0
+        current = float(smooth_loss.val)
+        beta = smooth_loss.beta
+        raw = (current - beta * self._previous) / (1.0 - beta)
+        self._previous = current
+        return raw
+
+
+class TrainingClock:
+    """Global epoch/step numbering across the phases of a schedule (fine_tune has two)."""
+
+    def __init__(self, total_epochs: int, steps_per_epoch: int):
+        self.total_epochs = total_epochs
+        self.steps_per_epoch = steps_per_epoch
+        self.epoch_offset = 0
+
+    @property
+    def total_steps(self) -> int:
+        return self.total_epochs * self.steps_per_epoch
+
+    def global_epoch(self, fit_epoch: int) -> int:
+        return self.epoch_offset + fit_epoch
+
+    def global_step(self, fit_epoch: int, iteration: int) -> int:
+        return self.global_epoch(fit_epoch) * self.steps_per_epoch + iteration
+
+
+class TrainedEpochCallback(Callback):
+    """Base for callbacks that act only on epochs really trained (not lr_find, not skipped)."""
+
+    def before_fit(self) -> None:
+        self.active = not in_lr_find(self.learn)
+
+    def before_epoch(self) -> None:
+        # fastai's SkipToEpoch (a resumed fit) cancels skipped epochs in before_epoch, after
+        # which after_epoch still runs; before_train only runs for epochs that really train.
+        self.trained = False
+
+    def before_train(self) -> None:
+        self.trained = True
+
+    def acting(self) -> bool:
+        return self.active and getattr(self, "trained", False)
+
+
+class TelemetryCallback(TrainedEpochCallback):
+    """Per-batch train loss and lr, per-epoch losses/metrics/time/throughput, and progress."""
+
+    order = 60  # after fastai's Recorder (50), which computes the smoothed loss and the log
+
+    def __init__(self, writer: TelemetryWriter, clock: TrainingClock, device_label: str):
+        self.writer = writer
+        self.clock = clock
+        self.device_label = device_label
+        self.raw_loss = RawLossTracker()
+        self._points: list[MetricPoint] = []
+        self._run_started = time.perf_counter()
+        self._steps_done_in_run = 0
+
+    def before_epoch(self) -> None:
+        super().before_epoch()
+        self._epoch_started = time.perf_counter()
+        self._train_seconds = 0.0
+        self._train_items = 0
+
+    def before_train(self) -> None:
+        super().before_train()
+        self._train_started = time.perf_counter()
+
+    def after_train(self) -> None:
+        self._train_seconds = time.perf_counter() - self._train_started
+
+    def after_batch(self) -> None:
+        if not (self.active and self.training and len(self.yb)):
+            return
+        recorder = self.learn.recorder
+        step = self.clock.global_step(self.epoch, self.iter)
+        epoch = self.clock.global_epoch(self.epoch)
+        now = time.time()
+        self._points.append(
+            MetricPoint(
+                BATCH + "train_loss", step, self.raw_loss.raw_loss(recorder.smooth_loss), epoch, now
+            )
+        )
+        self._points.append(MetricPoint(BATCH + "lr", step, float(recorder.lrs[-1]), epoch, now))
+        self._train_items += len(self.yb[0])
+        self._steps_done_in_run += 1
+        if len(self._points) >= 64:
+            self.writer.add_points(self._points)
+            self._points = []
+        self.writer.set_progress(self._progress(epoch, step + 1))
+
+    def after_epoch(self) -> None:
+        if not self.acting():
+            return
+        epoch = self.clock.global_epoch(self.epoch)
+        now = time.time()
+        log = self.learn.recorder.log
+        names = self.learn.recorder.metric_names
+        for name, value in zip(names[1:], log[1:], strict=False):
+            if name == "time" or value is None:
+                continue
+            metric = EPOCH_COLUMN_NAMES.get(name, name)
+            self._points.append(MetricPoint(EPOCH + metric, epoch, float(value), epoch, now))
+        seconds = time.perf_counter() - self._epoch_started
+        self._points.append(MetricPoint(EPOCH + "time_s", epoch, seconds, epoch, now))
+        if self._train_seconds > 0:
+            rate = self._train_items / self._train_seconds
+            self._points.append(MetricPoint(EPOCH + "images_per_s", epoch, rate, epoch, now))
+        if self.dls.device.type == "cuda":
+            peak_mb = torch.cuda.max_memory_allocated(self.dls.device) / 2**20
+            self._points.append(
+                MetricPoint(EPOCH + "cuda_max_memory_mb", epoch, peak_mb, epoch, now)
+            )
+        self.writer.add_points(self._points)
+        self._points = []
+        step = (epoch + 1) * self.clock.steps_per_epoch
+        self.writer.set_progress(self._progress(epoch + 1, step))
+        self.writer.add_event("info", self._epoch_line(epoch, names, log, seconds))
+        self.writer.request_flush()
+
+    def after_fit(self) -> None:
+        if self._points:
+            self.writer.add_points(self._points)
+            self._points = []
+
+    def _progress(self, epochs_done_or_current: int, step: int) -> Progress:
+        elapsed = time.perf_counter() - self._run_started
+        remaining = self.clock.total_steps - step
+        eta = None
+        if self._steps_done_in_run >= 5 and remaining >= 0:
+            eta = elapsed / self._steps_done_in_run * remaining
+        return Progress(
+            epoch=epochs_done_or_current,
+            step=step,
+            total_epochs=self.clock.total_epochs,
+            total_steps=self.clock.total_steps,
+            eta_seconds=eta,
+            device=self.device_label,
+        )
+
+    def _epoch_line(self, epoch: int, names: list[str], log: list[Any], seconds: float) -> str:
+        parts = [f"epoch {epoch + 1}/{self.clock.total_epochs}"]
+        for name, value in zip(names[1:], log[1:], strict=False):
+            if name != "time" and value is not None:
+                parts.append(f"{EPOCH_COLUMN_NAMES.get(name, name)} {float(value):.4f}")
+        parts.append(f"{seconds:.1f} s")
+        return ", ".join(parts)
+
+
+class XlaStepCallback(Callback):
+    """One `torch_xla.sync()` per batch: cuts the lazy graph so each step compiles once.
+
+    It runs before fastai's Recorder (order 50) reads the loss, so the step's whole graph
+    (forward, backward, optimizer update) executes as one computation.
+    """
+
+    order = -20
+
+    def after_batch(self) -> None:
+        import torch_xla
+
+        torch_xla.sync()
+
+
+class XlaReportCallback(TrainedEpochCallback):
+    """At every epoch end: the XLA metrics summary and raw report, and warnings about them."""
+
+    order = 65
+
+    def __init__(self, writer: TelemetryWriter, clock: TrainingClock):
+        self.writer = writer
+        self.clock = clock
+        self.previous: dict[str, Any] | None = None
+        self.first_epoch_reported: int | None = None
+
+    def after_epoch(self) -> None:
+        if not self.acting():
+            return
+        from worker import xla_report
+
+        epoch = self.clock.global_epoch(self.epoch)
+        summary = xla_report.read_summary()
+        self.writer.add_xla_report(epoch, summary, xla_report.read_raw_report())
+        if self.first_epoch_reported is None:
+            self.first_epoch_reported = epoch
+        elif warning := xla_report.compile_growth_warning(
+            epoch - self.first_epoch_reported, self.previous, summary
+        ):
+            self.writer.add_event("warning", warning)
+        fallbacks = xla_report.new_fallbacks(self.previous, summary)
+        if fallbacks:
+            listed = ", ".join(f"aten::{op} ×{count}" for op, count in sorted(fallbacks.items()))
+            self.writer.add_event(
+                "warning",
+                f"ops fell back to the CPU (each one copies tensors device→host→device): {listed}",
+            )
+        self.previous = summary
+
+
+class AutocastCallback(Callback):
+    """bf16 autocast around the forward pass and the loss (XLA, CUDA or CPU); no loss scaling."""
+
+    order = 10
+
+    def __init__(self, device_type: str):
+        self.device_type = device_type
+
+    def before_batch(self) -> None:
+        self._autocast = torch.autocast(self.device_type, dtype=torch.bfloat16)
+        self._autocast.__enter__()
+        self._inside = True
+
+    def after_loss(self) -> None:
+        self._leave()
+
+    def after_cancel_batch(self) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
+        if getattr(self, "_inside", False):
+            self._autocast.__exit__(None, None, None)
+            self._inside = False
+
+
+class StopCallback(Callback):
+    """Ends the fit at the next batch when a stop was asked for (cancel, shutdown, time
+    limit) or when the supervisor that started this process is gone."""
+
+    order = 100
+    run_valid = True
+
+    def __init__(self, stop: threading.Event, parent_pid: int | None):
+        self.stop = stop
+        self.parent_pid = parent_pid
+
+    def _check(self) -> None:
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            self.stop.set()
+        if self.stop.is_set():
+            raise CancelFitException()
+
+    def before_batch(self) -> None:
+        self._check()
+
+    def after_batch(self) -> None:
+        self._check()
+
+
+class EpochEndCallback(TrainedEpochCallback):
+    """Calls `on_epoch_end(global_epoch)` after each trained epoch (checkpointing)."""
+
+    order = 90
+
+    def __init__(self, clock: TrainingClock, on_epoch_end: Callable[[int], None]):
+        self.clock = clock
+        self.on_epoch_end = on_epoch_end
+
+    def after_epoch(self) -> None:
+        if self.acting():
+            self.on_epoch_end(self.clock.global_epoch(self.epoch))

@@ -1,0 +1,109 @@
+"""`python -m worker`: run a worker supervisor against the queue in DATABASE_URL."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import NoReturn
+
+from db import config
+from db.engine import DatabaseUrlError, get_engine
+from worker.supervisor import Supervisor, SupervisorOptions, default_worker_id
+
+EXIT_USER_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number greater than 0, not {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, not {value}")
+    return value
+
+
+def _worker_id(text: str) -> str:
+    text = text.strip()
+    if not text or len(text) > 200 or any(ord(c) < 32 for c in text):
+        raise argparse.ArgumentTypeError("a worker id is 1 to 200 printable characters")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m worker",
+        description="Claim training jobs from the queue and run them, one at a time.",
+    )
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="run at most one job, then exit (an empty queue exits at once)",
+    )
+    parser.add_argument(
+        "--max-jobs", type=_positive_int, default=None, metavar="N", help="exit after N jobs"
+    )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "xla", "cuda", "cpu"),
+        default="auto",
+        help="device for jobs whose spec says auto (default: auto = TPU if "
+        "present, else CUDA, else CPU)",
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=_positive_number,
+        default=2.0,
+        metavar="S",
+        help="seconds between polls of an empty queue (Postgres wakes at once on a submit)",
+    )
+    parser.add_argument(
+        "--worker-id",
+        type=_worker_id,
+        default=None,
+        metavar="ID",
+        help="name of this worker in the workers table (default: host-pid)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        options = SupervisorOptions(
+            worker_id=args.worker_id or default_worker_id(),
+            device=args.device,
+            once=args.once,
+            max_jobs=args.max_jobs,
+            poll_interval_s=args.poll_interval,
+            heartbeat_interval_s=config.heartbeat_interval_s(),
+            heartbeat_timeout_s=config.heartbeat_timeout_s(),
+        )
+        engine = get_engine()
+    except (ValueError, DatabaseUrlError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    supervisor = Supervisor(engine, options)
+    supervisor.install_signal_handlers()
+    return supervisor.run()

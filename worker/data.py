@@ -1,0 +1,112 @@
+"""fastai DataLoaders for a job, from the labelled images `db.imagesets` lists."""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from fastai.data.block import CategoryBlock, DataBlock
+from fastai.data.core import DataLoaders
+from fastai.data.transforms import IndexSplitter, ItemGetter, RandomSplitter
+from fastai.vision.augment import Normalize, Resize, aug_transforms
+from fastai.vision.core import imagenet_stats
+from fastai.vision.data import ImageBlock
+from PIL import Image
+from sqlalchemy import Engine
+
+from db.datasets import get_dataset
+from db.imagesets import ensure_digits
+from db.labelling import DatasetError, LabelledItems, scan_items
+from db.spec import JobSpec
+from worker.fetch import load_dataset_items
+
+log = logging.getLogger(__name__)
+
+SMALL_DATASET_ITEMS = 5_000
+
+
+def load_items(engine: Engine, dataset_name: str) -> LabelledItems:
+    """The dataset's labelled images as files on this machine (fetching a `url` one)."""
+    dataset = get_dataset(engine, dataset_name)
+    if dataset_name == "digits" and (dataset is None or dataset.kind == "builtin"):
+        # Built in: written on whichever machine trains, wherever the registry says it is.
+        return scan_items(ensure_digits(), {"type": "folder"})
+    if dataset is None:
+        raise DatasetError(f"dataset {dataset_name!r} is not registered")
+    return load_dataset_items(dataset, engine)
+
+
+def _decodes(path: Path) -> bool:
+    try:
+        with Image.open(path) as image:
+            image.verify()
+        return True
+    except Exception:
+        return False
+
+
+def drop_undecodable(items: LabelledItems) -> LabelledItems:
+    """Leave out files PIL cannot read, so one bad file never stops a job."""
+    paths = [path for path, _ in items.items]
+    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 1) * 2)) as pool:
+        readable = list(pool.map(_decodes, paths))
+    if all(readable):
+        return items
+    kept = [item for item, ok in zip(items.items, readable, strict=True) if ok]
+    flags = None
+    if items.is_valid is not None:
+        flags = [flag for flag, ok in zip(items.is_valid, readable, strict=True) if ok]
+    skipped = items.skipped + [
+        str(path) for path, ok in zip(paths, readable, strict=True) if not ok
+    ]
+    return LabelledItems(kept, flags, skipped)
+
+
+def loader_workers(item_count: int) -> int:
+    """DataLoader worker processes: none for small sets (start-up costs more than it saves),
+    else one per spare core, leaving one for the training loop."""
+    if item_count < SMALL_DATASET_ITEMS:
+        return 0
+    return max(0, min(8, (os.cpu_count() or 1) - 1))
+
+
+def build_dataloaders(items: LabelledItems, spec: JobSpec, device: torch.device) -> DataLoaders:
+    if len(items.items) < 2 or len(items.classes) < 2:
+        raise DatasetError(
+            f"dataset {spec.dataset!r} needs at least 2 classes of readable images; found "
+            f"{len(items.items)} images in {len(items.classes)} classes"
+        )
+    all_items = items.items
+    if items.is_valid is not None:
+        valid_indices = [i for i, flag in enumerate(items.is_valid) if flag]
+        splitter = IndexSplitter(valid_indices)
+    else:
+        splitter = RandomSplitter(valid_pct=spec.valid_pct, seed=spec.seed)
+    batch_tfms = []
+    if spec.augment:
+        batch_tfms += aug_transforms(size=spec.img_size)
+    batch_tfms.append(Normalize.from_stats(*imagenet_stats))
+    block = DataBlock(
+        blocks=(ImageBlock, CategoryBlock),
+        get_items=lambda _source: all_items,
+        get_x=ItemGetter(0),
+        get_y=ItemGetter(1),
+        splitter=splitter,
+        item_tfms=Resize(spec.img_size),
+        batch_tfms=batch_tfms,
+    )
+    dls = block.dataloaders(
+        None,
+        bs=spec.bs,
+        device=device,
+        num_workers=loader_workers(len(all_items)),
+    )
+    if len(dls.train) == 0:
+        raise DatasetError(
+            f"batch size {spec.bs} is larger than the {len(dls.train_ds)} training images of "
+            f"dataset {spec.dataset!r}; lower bs"
+        )
+    return dls

@@ -1,0 +1,138 @@
+"""The child process that trains one job: `python -m worker.job_process --job-id N ...`.
+
+Started by the supervisor, one per job, so that a crash, a leak or a wedged device ends with
+the process and the supervisor lives on. It owns the accelerator while it runs.
+
+Exit codes: 0 trained and exported; 3 stopped because the supervisor asked (SIGTERM);
+1 failed, with the error written to the file given by --error-file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import traceback
+import warnings
+from pathlib import Path
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_STOPPED = 3
+LOG_PREFIX = "[traindeck job "
+WRITER_CLOSE_TIMEOUT_S = 120.0
+
+
+class WriterLogHandler(logging.Handler):
+    """Sends log records to the job's log (job_events) through the background writer."""
+
+    def __init__(self, writer) -> None:
+        super().__init__(level=logging.INFO)
+        self.writer = writer
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.writer.add_event(record.levelname.lower(), self.format(record))
+        except Exception:
+            self.handleError(record)
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m worker.job_process")
+    parser.add_argument("--job-id", type=int, required=True)
+    parser.add_argument("--worker-id", required=True)
+    parser.add_argument("--lease", type=int, required=True)
+    parser.add_argument("--device", choices=("xla", "cuda", "cpu"), required=True)
+    parser.add_argument("--parent-pid", type=int, default=None)
+    parser.add_argument("--error-file", type=Path, required=True)
+    return parser.parse_args(argv)
+
+
+def _configure_logging(job_id: int, writer) -> None:
+    terminal = logging.StreamHandler(sys.stderr)
+    terminal.setFormatter(logging.Formatter(f"{LOG_PREFIX}{job_id}] %(levelname)s %(message)s"))
+    to_database = WriterLogHandler(writer)
+    to_database.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [terminal, to_database]
+    root.setLevel(logging.INFO)
+    logging.captureWarnings(True)
+    warnings.simplefilter("default")
+    # fastai's tabular module sets a pandas option that pandas 3 deprecates, on every import.
+    warnings.filterwarnings("ignore", message=".*mode.chained_assignment.*")
+    for noisy in ("urllib3", "PIL", "matplotlib", "fsspec", "sqlalchemy"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; it sends SIGTERM
+
+    from db.engine import get_engine
+    from db.files import job_dir
+    from db.queue import Lease, get_job
+    from db.spec import JobSpec
+    from worker.reporter import TelemetryWriter
+
+    engine = get_engine()
+    lease = Lease(args.job_id, args.worker_id, args.lease)
+    writer = TelemetryWriter(engine, lease)
+    _configure_logging(args.job_id, writer)
+    log = logging.getLogger("worker.job")
+    from worker import training
+
+    try:
+        job = get_job(engine, args.job_id)
+        spec = JobSpec.model_validate(job.spec)
+        folder = job_dir(args.job_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        context = training.TrainingContext(
+            engine=engine,
+            lease=lease,
+            spec=spec,
+            job_dir=folder,
+            device_kind=args.device,
+            writer=writer,
+            stop=stop,
+            parent_pid=args.parent_pid,
+        )
+        training.run(context)
+        return EXIT_OK
+    except training.StopRequested:
+        log.info("stopped on request; the last checkpoint is kept")
+        return EXIT_STOPPED
+    except Exception as exc:
+        if stop.is_set():
+            log.info("stopped on request (%s)", type(exc).__name__)
+            return EXIT_STOPPED
+        if isinstance(exc, (training.JobFailure, *_user_errors())):
+            message = str(exc)
+            log.error("%s", message)
+        else:
+            message = traceback.format_exc()
+            log.error("training failed:\n%s", message)
+        args.error_file.parent.mkdir(parents=True, exist_ok=True)
+        args.error_file.write_text(message, encoding="utf-8")
+        return EXIT_FAILED
+    finally:
+        if not writer.close(WRITER_CLOSE_TIMEOUT_S):
+            print(
+                f"{LOG_PREFIX}{args.job_id}] WARNING could not write the last metrics to the "
+                f"database ({writer.pending_points} points lost)",
+                file=sys.stderr,
+            )
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors that describe a problem with the job's input, shown without a traceback."""
+    from db.labelling import DatasetError
+
+    return (DatasetError,)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,392 @@
+"""The worker supervisor: claims jobs, runs each in a child process, and watches it.
+
+It never imports torch or torch_xla (one process owns a TPU: the child). While a child runs
+it beats the job's heartbeat, passes on a cancel, enforces the time limit, and notices a lost
+claim. Shutdown has two stages, as in rq: the first SIGTERM (or Ctrl-C) stops claiming and
+asks the child to stop at its next batch, after which the job goes back to the queue; a
+second one kills the child at once.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, TypeVar
+
+from sqlalchemy import Engine
+
+from db import queue, telemetry, workers
+from db.files import job_dir
+from db.queue import ClaimedJob, JobSignal
+from worker import devices
+from worker.job_process import EXIT_OK, EXIT_STOPPED, LOG_PREFIX
+
+log = logging.getLogger("worker")
+
+T = TypeVar("T")
+STOP_GRACE_S = 120.0
+TICK_S = 0.25
+MAX_DB_BACKOFF_S = 30.0
+OUTPUT_TAIL_LINES = 40
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class SupervisorOptions:
+    worker_id: str
+    device: str = "auto"
+    once: bool = False
+    max_jobs: int | None = None
+    poll_interval_s: float = 2.0
+    heartbeat_interval_s: float = 5.0
+    heartbeat_timeout_s: float = 60.0
+    stop_grace_s: float = STOP_GRACE_S
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: the kernel kills it if the supervisor dies (kill -9), so an
+    orphan never keeps training a job that another worker will take over."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the child also checks its parent at every batch
+
+
+class RunningJob:
+    """A claimed job and its child process, with why we asked it to stop (if we did)."""
+
+    def __init__(self, job: ClaimedJob, process: subprocess.Popen[str], error_file: str):
+        self.job = job
+        self.process = process
+        self.error_file = error_file
+        self.started = time.monotonic()
+        self.stop_reason: str | None = None
+        self.stop_sent_at: float | None = None
+        self.killed = False
+        self.output_tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
+        self.output_for_log: list[tuple[str, str]] = []
+        self.output_lock = threading.Lock()
+
+    def ask_to_stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        if self.stop_sent_at is None and self.process.poll() is None:
+            self.stop_sent_at = time.monotonic()
+            self.process.send_signal(signal.SIGTERM)
+
+    def kill(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        if self.process.poll() is None:
+            self.process.kill()
+            self.killed = True
+
+
+class Supervisor:
+    def __init__(self, engine: Engine, options: SupervisorOptions):
+        self.engine = engine
+        self.options = options
+        self.shutdown_requests = 0
+        self.running: RunningJob | None = None
+        self.jobs_run = 0
+        self.signal = JobSignal(engine)
+        self._last_worker_beat = 0.0
+
+    # --- signals ---
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_shutdown_signal)
+        signal.signal(signal.SIGINT, self._on_shutdown_signal)
+
+    def _on_shutdown_signal(self, signum: int, _frame: object) -> None:
+        self.shutdown_requests += 1
+        name = signal.Signals(signum).name
+        if self.shutdown_requests == 1:
+            log.warning("%s: finishing up (a second one kills the running job)", name)
+        else:
+            log.warning("%s again: stopping now", name)
+
+    # --- main loop ---
+
+    def run(self) -> int:
+        machine = devices.describe_machine()
+        self._with_retries(
+            lambda: workers.register_worker(
+                self.engine, self.options.worker_id, socket.gethostname(), os.getpid(), machine
+            ),
+            "register this worker",
+        )
+        log.info("worker %s on %s, polling for jobs", self.options.worker_id, machine)
+        try:
+            while self.shutdown_requests == 0:
+                if self.options.max_jobs is not None and self.jobs_run >= self.options.max_jobs:
+                    log.info("ran %d job(s), the most asked for; exiting", self.jobs_run)
+                    break
+                job = self._claim_next()
+                if job is None:
+                    if self.options.once:
+                        log.info("the queue is empty; nothing to do")
+                        break
+                    self._beat_worker("idle", None)
+                    self.signal.wait(self.options.poll_interval_s)
+                    continue
+                self.jobs_run += 1
+                self._run_job(job)
+                if self.options.once:
+                    break
+        finally:
+            self.signal.close()
+            self._try(lambda: workers.worker_stopped(self.engine, self.options.worker_id))
+        return 0
+
+    def _claim_next(self) -> ClaimedJob | None:
+        try:
+            for job_id, status in queue.requeue_stale(
+                self.engine, self.options.heartbeat_timeout_s
+            ):
+                log.warning(
+                    "job %d had no heartbeat for %gs: now %s",
+                    job_id,
+                    self.options.heartbeat_timeout_s,
+                    status,
+                )
+            return queue.claim(self.engine, self.options.worker_id)
+        except Exception as exc:
+            log.warning("cannot reach the database to claim a job: %s", _first_line(exc))
+            time.sleep(min(MAX_DB_BACKOFF_S, self.options.poll_interval_s * 2))
+            return None
+
+    # --- one job ---
+
+    def _run_job(self, job: ClaimedJob) -> None:
+        requested = job.spec.get("device", "auto")
+        device = devices.resolve_device(self.options.device if requested == "auto" else requested)
+        folder = job_dir(job.id)
+        folder.mkdir(parents=True, exist_ok=True)
+        error_file = str(folder / f".error-{job.lease.lease}.txt")
+        command = [
+            sys.executable, "-m", "worker.job_process",
+            "--job-id", str(job.id),
+            "--worker-id", job.lease.worker_id,
+            "--lease", str(job.lease.lease),
+            "--device", device,
+            "--parent-pid", str(os.getpid()),
+            "--error-file", error_file,
+        ]  # fmt: skip
+        log.info(
+            "job %d (%s): attempt %d/%d on %s",
+            job.id,
+            job.name,
+            job.attempts,
+            job.max_attempts,
+            device,
+        )
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        running = self.running = RunningJob(job, process, error_file)
+        relays = [
+            threading.Thread(target=self._relay, args=(running, stream), daemon=True)
+            for stream in (process.stdout, process.stderr)
+        ]
+        for relay in relays:
+            relay.start()
+        try:
+            exit_code = self._watch(running)
+        finally:
+            self.running = None
+        for relay in relays:
+            relay.join(timeout=10)
+        self._flush_output(running)
+        self._record_outcome(running, exit_code)
+
+    def _watch(self, running: RunningJob) -> int:
+        job = running.job
+        time_limit = job.spec.get("time_limit")
+        next_beat = 0.0
+        while True:
+            exit_code = running.process.poll()
+            if exit_code is not None:
+                return exit_code
+            now = time.monotonic()
+            if self.shutdown_requests >= 2:
+                running.kill("shutdown")
+            elif self.shutdown_requests == 1:
+                running.ask_to_stop("shutdown")
+            if time_limit and now - running.started > time_limit:
+                running.ask_to_stop("time_limit")
+            if running.stop_sent_at and now - running.stop_sent_at > self.options.stop_grace_s:
+                log.warning(
+                    "job %d did not stop within %gs; killing it", job.id, self.options.stop_grace_s
+                )
+                running.kill(running.stop_reason or "unresponsive")
+            if now >= next_beat:
+                next_beat = now + self.options.heartbeat_interval_s
+                self._beat_job(running)
+                self._beat_worker("busy", job.id)
+            self._flush_output(running)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                running.process.wait(timeout=TICK_S)
+
+    def _beat_job(self, running: RunningJob) -> None:
+        try:
+            reply = queue.heartbeat(self.engine, running.job.lease)
+        except Exception as exc:
+            log.warning("heartbeat of job %d failed: %s", running.job.id, _first_line(exc))
+            return
+        if not reply.still_owned:
+            log.error(
+                "job %d is no longer ours (declared stale and taken over?); stopping it",
+                running.job.id,
+            )
+            running.kill("lease_lost")
+        elif reply.cancel_requested:
+            running.ask_to_stop("cancel")
+
+    def _beat_worker(self, state: str, job_id: int | None) -> None:
+        now = time.monotonic()
+        if now - self._last_worker_beat < self.options.heartbeat_interval_s:
+            return
+        self._last_worker_beat = now
+        self._try(
+            lambda: workers.worker_heartbeat(self.engine, self.options.worker_id, state, job_id)
+        )
+
+    def _record_outcome(self, running: RunningJob, exit_code: int) -> None:
+        job, lease, reason = running.job, running.job.lease, running.stop_reason
+        if reason == "lease_lost":
+            return
+        if exit_code == EXIT_OK:
+            self._with_retries(lambda: queue.finish(self.engine, lease, "succeeded"), "finish")
+            log.info("job %d succeeded", job.id)
+        elif reason == "shutdown":
+            self._with_retries(
+                lambda: queue.release(
+                    self.engine,
+                    lease,
+                    "its worker was shut down; it resumes from its last checkpoint",
+                ),
+                "requeue",
+            )
+            log.info("job %d went back to the queue", job.id)
+        elif reason == "cancel":
+            self._with_retries(
+                lambda: queue.finish(self.engine, lease, "cancelled", "cancelled on request"),
+                "cancel",
+            )
+            log.info("job %d cancelled", job.id)
+        elif reason == "time_limit":
+            limit = job.spec.get("time_limit")
+            message = f"stopped at its time limit of {limit} s; the last checkpoint is kept"
+            self._with_retries(lambda: queue.finish(self.engine, lease, "failed", message), "fail")
+            log.info("job %d failed: time limit", job.id)
+        elif exit_code < 0 or exit_code == EXIT_STOPPED:
+            signal_name = _signal_name(-exit_code) if exit_code < 0 else "a stop signal"
+            why = f"its training process was killed by {signal_name}"
+            if exit_code == -signal.SIGKILL:
+                why += " (out of memory?)"
+            status = self._with_retries(
+                lambda: queue.requeue_after_crash(self.engine, lease, why), "requeue"
+            )
+            log.warning("job %d: %s; now %s", job.id, why, status)
+        else:
+            error = self._error_text(running, exit_code)
+            self._with_retries(lambda: queue.finish(self.engine, lease, "failed", error), "fail")
+            log.info("job %d failed: %s", job.id, error.strip().splitlines()[-1])
+        self._try(lambda: workers.worker_job_done(self.engine, self.options.worker_id))
+
+    def _error_text(self, running: RunningJob, exit_code: int) -> str:
+        try:
+            with open(running.error_file, encoding="utf-8") as handle:
+                text = handle.read().strip()
+            os.unlink(running.error_file)
+            if text:
+                return text
+        except OSError:
+            pass
+        tail = "\n".join(running.output_tail)
+        return f"the training process exited with code {exit_code}" + (f":\n{tail}" if tail else "")
+
+    # --- the child's output ---
+
+    def _relay(self, running: RunningJob, stream: IO[str] | None) -> None:
+        """Echo the child's output here, and keep lines its logging did not already store."""
+        if stream is None:
+            return
+        for line in stream:
+            sys.stderr.write(line)
+            line = line.rstrip("\n")
+            if not line:
+                continue
+            with running.output_lock:
+                running.output_tail.append(line)
+                if not line.startswith(LOG_PREFIX):
+                    running.output_for_log.append(("output", line))
+
+    def _flush_output(self, running: RunningJob) -> None:
+        with running.output_lock:
+            lines, running.output_for_log = running.output_for_log, []
+        if not lines:
+            return
+        try:
+            telemetry.add_events(self.engine, running.job.id, lines)
+        except Exception:
+            with running.output_lock:
+                running.output_for_log[:0] = lines
+
+    # --- database calls that must not kill the supervisor ---
+
+    def _try(self, action: Callable[[], object]) -> None:
+        try:
+            action()
+        except Exception as exc:
+            log.warning("database update failed: %s", _first_line(exc))
+
+    def _with_retries(self, action: Callable[[], T], what: str) -> T | None:
+        """Retry with backoff while the database is away; give up only on a second signal."""
+        delay = 0.5
+        while True:
+            try:
+                return action()
+            except Exception as exc:
+                if self.shutdown_requests >= 2:
+                    log.error("could not %s (%s); giving up", what, _first_line(exc))
+                    return None
+                log.warning("could not %s, retrying in %.0fs: %s", what, delay, _first_line(exc))
+                time.sleep(delay)
+                delay = min(MAX_DB_BACKOFF_S, delay * 2)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -1,0 +1,351 @@
+"""Train one job with fastai: DataLoaders, Learner, schedule, checkpoints, resume, export.
+
+The rules of the XLA path (see the design card) live here: the model is on the device before
+the optimizer exists, one `torch_xla.sync()` per batch, bf16 by autocast, and nothing reads a
+device tensor that fastai has not already read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from fastai.callback.core import TrainEvalCallback
+from fastai.callback.progress import ProgressCallback
+from fastai.callback.training import GradientAccumulation, GradientClip
+from fastai.learner import Learner, Recorder
+from fastai.metrics import accuracy, error_rate, top_k_accuracy
+from fastai.torch_core import set_seed
+from fastai.vision.learner import vision_learner
+from sqlalchemy import Engine
+
+from db import config
+from db.artifacts import record_artifact
+from db.queue import Lease
+from db.spec import JobSpec
+from db.telemetry import LR_FIND, MetricPoint
+from worker import checkpoint
+from worker.callbacks import (
+    AutocastCallback,
+    EpochEndCallback,
+    StopCallback,
+    TelemetryCallback,
+    TrainingClock,
+    XlaReportCallback,
+    XlaStepCallback,
+)
+from worker.data import build_dataloaders, drop_undecodable, load_items
+from worker.reporter import TelemetryWriter
+
+log = logging.getLogger(__name__)
+
+EXPORT_NAME = "export.pkl"
+FINE_TUNE_FREEZE_EPOCHS = 1
+FINE_TUNE_LR_MULT = 100
+LR_FIND_ITERATIONS = 100
+
+
+class StopRequested(Exception):
+    """The supervisor asked this run to stop (cancel, shutdown or time limit)."""
+
+
+class JobFailure(Exception):
+    """A failure with a message a person can act on (no traceback needed)."""
+
+
+@dataclass
+class TrainingContext:
+    engine: Engine
+    lease: Lease
+    spec: JobSpec
+    job_dir: Path
+    device_kind: str  # "xla", "cuda" or "cpu" (already resolved from "auto")
+    writer: TelemetryWriter
+    stop: threading.Event
+    parent_pid: int | None = None
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One fit_one_cycle call of a schedule, at global epochs [offset, offset + epochs)."""
+
+    epochs: int
+    offset: int
+    frozen: bool
+    lr: Any
+    pct_start: float = 0.25
+    div: float = 25.0
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.epochs
+
+
+def schedule_phases(spec: JobSpec, lr: float) -> list[Phase]:
+    """fit_one_cycle: one phase over everything. fine_tune (as fastai's): one epoch with the
+    pretrained body frozen, then `epochs` unfrozen at half the rate, discriminative lrs."""
+    if spec.schedule == "one_cycle":
+        return [Phase(spec.epochs, 0, frozen=False, lr=lr)]
+    unfrozen_lr = lr / 2
+    return [
+        Phase(FINE_TUNE_FREEZE_EPOCHS, 0, frozen=True, lr=slice(lr), pct_start=0.99),
+        Phase(
+            spec.epochs,
+            FINE_TUNE_FREEZE_EPOCHS,
+            frozen=False,
+            lr=slice(unfrozen_lr / FINE_TUNE_LR_MULT, unfrozen_lr),
+            pct_start=0.3,
+            div=5.0,
+        ),
+    ]
+
+
+def total_epochs(spec: JobSpec) -> int:
+    return spec.epochs + (FINE_TUNE_FREEZE_EPOCHS if spec.schedule == "fine_tune" else 0)
+
+
+# --- device ---------------------------------------------------------------------------------
+
+
+def open_device(kind: str) -> tuple[torch.device, str]:
+    """The torch device for `kind`, and a label for the job row."""
+    if kind == "xla":
+        from worker.devices import tpu_present
+
+        if not tpu_present() and not os.environ.get("PJRT_DEVICE"):
+            raise JobFailure(
+                "device xla: this worker has no TPU (set PJRT_DEVICE=CPU to run the XLA path "
+                "on the CPU, or submit with device auto/cpu)"
+            )
+        import torch_xla
+        import torch_xla.runtime as xr
+
+        cache = config.data_dir() / "xla_cache"
+        cache.mkdir(parents=True, exist_ok=True)
+        try:
+            xr.initialize_cache(str(cache), readonly=False)
+        except RuntimeError as exc:  # already initialised in this process
+            log.debug("XLA compilation cache not initialised again: %s", exc)
+        device = torch_xla.device()
+        count = xr.global_runtime_device_count()
+        return device, f"xla:{xr.device_type()} ({count} device{'s' if count != 1 else ''})"
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise JobFailure("device cuda: torch sees no CUDA GPU on this worker")
+        return torch.device("cuda"), f"cuda:{torch.cuda.get_device_name(0)}"
+    return torch.device("cpu"), "cpu"
+
+
+# --- the learner ----------------------------------------------------------------------------
+
+
+def _architecture(name: str) -> Any:
+    import torchvision.models
+
+    return getattr(torchvision.models, name)
+
+
+def _weights_file(arch: str) -> str:
+    import torchvision.models
+
+    url = torchvision.models.get_model_weights(arch).DEFAULT.url
+    return url.rsplit("/", 1)[-1]
+
+
+def _pretrained_unavailable(arch: str, exc: Exception) -> JobFailure:
+    checkpoints = Path(torch.hub.get_dir()) / "checkpoints"
+    weights = _weights_file(arch)
+    return JobFailure(
+        f"pretrained weights for {arch} ({weights}) are not in {checkpoints} and could not "
+        f"be downloaded ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). "
+        f'Pre-fetch them on a machine with internet access: python -c "import torchvision; '
+        f"torchvision.models.{arch}(weights='DEFAULT')\", then copy "
+        f"~/.cache/torch/hub/checkpoints/{weights} to {checkpoints}/ on this worker "
+        "(or submit with pretrained off)."
+    )
+
+
+def _no_print(*_args: Any) -> None:
+    return None
+
+
+def build_learner(dls: Any, spec: JobSpec, device: torch.device, job_dir: Path) -> Learner:
+    metrics: list[Any] = [accuracy, error_rate]
+    if dls.c > 5:
+        metrics.append(top_k_accuracy)  # k=5 by default
+    try:
+        learn = vision_learner(
+            dls,
+            _architecture(spec.arch),
+            pretrained=spec.pretrained,
+            metrics=metrics,
+            wd=spec.wd,
+            path=job_dir,
+        )
+    except (OSError, RuntimeError) as exc:
+        if spec.pretrained and ("urlopen" in repr(exc) or isinstance(exc, OSError)):
+            raise _pretrained_unavailable(spec.arch, exc) from exc
+        raise
+    learn.remove_cb(ProgressCallback)
+    learn.logger = _no_print  # the telemetry callback logs each epoch to the job's log
+    # The model must be on the device before the optimizer exists: on XLA, Module.to() makes
+    # new Parameter objects, and an optimizer built earlier would keep updating the old ones.
+    learn.model.to(device)
+    learn.create_opt()
+    if spec.grad_accum > 1:
+        learn.add_cb(GradientAccumulation(n_acc=spec.bs * spec.grad_accum))
+    if spec.grad_clip is not None:
+        learn.add_cb(GradientClip(max_norm=spec.grad_clip))
+    if spec.mixed_precision == "bf16":
+        learn.add_cb(AutocastCallback(device.type))
+    elif spec.mixed_precision == "fp16":
+        learn.to_fp16()
+    if device.type == "xla":
+        learn.add_cb(XlaStepCallback())
+    return learn
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+def run(ctx: TrainingContext) -> Path:
+    """Train the job to the end and export it. Returns the export's path.
+
+    Raises StopRequested when asked to stop, JobFailure for a problem a person can fix.
+    """
+    spec = ctx.spec
+    set_seed(spec.seed)
+    device, device_label = open_device(ctx.device_kind)
+    log.info("training %s on %s (%s)", spec.display_name, device_label, spec.dataset)
+
+    items = drop_undecodable(load_items(ctx.engine, spec.dataset))
+    if items.skipped:
+        shown = ", ".join(items.skipped[:10]) + (" …" if len(items.skipped) > 10 else "")
+        log.warning("skipping %d file(s) that cannot be decoded: %s", len(items.skipped), shown)
+    dls = build_dataloaders(items, spec, device)
+    log.info(
+        "%d training and %d validation images, %d classes, %d batches per epoch",
+        len(dls.train_ds),
+        len(dls.valid_ds),
+        dls.c,
+        len(dls.train),
+    )
+    learn = build_learner(dls, spec, device, ctx.job_dir)
+    clock = TrainingClock(total_epochs(spec), len(dls.train))
+    learn.add_cbs(
+        [
+            TelemetryCallback(ctx.writer, clock, device_label),
+            StopCallback(ctx.stop, ctx.parent_pid),
+        ]
+    )
+    if device.type == "xla":
+        learn.add_cb(XlaReportCallback(ctx.writer, clock))
+
+    phases = schedule_phases(spec, 0.0)
+    _set_trainable(learn, phases[0])
+    resume_from = 0
+    state = checkpoint.load_checkpoint(ctx.job_dir)
+    if state is not None and state.get("spec") == spec.model_dump(mode="json"):
+        checkpoint.restore(learn, state, device)
+        resume_from = state["epoch"] + 1
+        lr = float(state["lr"])
+        log.info("resuming from the checkpoint of epoch %d/%d", resume_from, clock.total_epochs)
+        ctx.writer.add_event(
+            "warning",
+            f"resumed from the checkpoint after epoch {resume_from} "
+            f"(attempt {ctx.lease.lease}); training continues at epoch {resume_from + 1}",
+        )
+    elif spec.lr == "find":
+        lr = find_learning_rate(learn, ctx)
+    else:
+        lr = float(spec.lr)
+
+    def on_epoch_end(epoch: int) -> None:
+        checkpoint.save_checkpoint(
+            ctx.job_dir, learn, epoch=epoch, lr=lr, spec=spec.model_dump(mode="json")
+        )
+
+    learn.add_cb(EpochEndCallback(clock, on_epoch_end))
+    for phase in schedule_phases(spec, lr):
+        if phase.end <= resume_from:
+            continue
+        _set_trainable(learn, phase)
+        clock.epoch_offset = phase.offset
+        learn.fit_one_cycle(
+            phase.epochs,
+            phase.lr,
+            pct_start=phase.pct_start,
+            div=phase.div,
+            start_epoch=max(0, resume_from - phase.offset),
+        )
+        if ctx.stop.is_set():
+            raise StopRequested()
+    if ctx.stop.is_set():
+        raise StopRequested()
+    export = export_model(learn, ctx.job_dir)
+    if ctx.stop.is_set():
+        export.unlink(missing_ok=True)
+        raise StopRequested()
+    record_artifact(ctx.engine, ctx.lease.job_id, "export", export)
+    record_artifact(
+        ctx.engine, ctx.lease.job_id, "checkpoint", checkpoint.checkpoint_path(ctx.job_dir)
+    )
+    log.info("exported the model to %s", export)
+    return export
+
+
+def _set_trainable(learn: Learner, phase: Phase) -> None:
+    if phase.frozen:
+        learn.freeze()
+    else:
+        learn.unfreeze()
+
+
+def find_learning_rate(learn: Learner, ctx: TrainingContext) -> float:
+    """fastai's lr_find; the curve and its suggestion are stored as `lr_find/` metrics."""
+    log.info("looking for a learning rate (lr_find, %d iterations)", LR_FIND_ITERATIONS)
+    try:
+        suggestion = learn.lr_find(num_it=LR_FIND_ITERATIONS, show_plot=False)
+    except Exception:
+        if ctx.stop.is_set():
+            raise StopRequested() from None
+        raise
+    if ctx.stop.is_set():
+        raise StopRequested()
+    lr = float(suggestion.valley)
+    recorder = learn.recorder
+    points = [
+        MetricPoint(LR_FIND + "lr", step, float(value)) for step, value in enumerate(recorder.lrs)
+    ]
+    points += [
+        MetricPoint(LR_FIND + "loss", step, float(value))
+        for step, value in enumerate(recorder.losses)
+    ]
+    points.append(MetricPoint(LR_FIND + "suggestion", 0, lr))
+    ctx.writer.add_points(points)
+    ctx.writer.add_event("info", f"lr_find suggests lr = {lr:.3g} (valley); training with it")
+    return lr
+
+
+def export_model(learn: Learner, job_dir: Path) -> Path:
+    """`learn.export()` with the model on the CPU, so it loads where torch_xla is absent."""
+    keep = (TrainEvalCallback, Recorder)
+    learn.remove_cbs([cb for cb in learn.cbs if not isinstance(cb, keep)])
+    learn.model.to("cpu")
+    learn.dls.to(torch.device("cpu"))
+    learn.opt = None
+    final = job_dir / EXPORT_NAME
+    temporary = job_dir / f".{EXPORT_NAME}.{os.getpid()}.tmp"
+    try:
+        learn.export(temporary)
+        with open(temporary, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, final)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return final

@@ -1,0 +1,74 @@
+"""Read torch_xla's metrics (compiles, executions, transfers, CPU fallbacks) into a summary.
+
+Reading the metrics is host-side bookkeeping: it never makes the device compute or sync.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+NANOSECONDS = 1e9
+
+TIME_METRICS = {
+    "CompileTime": ("compile_count", "compile_time_s"),
+    "ExecuteTime": ("execute_count", "execute_time_s"),
+    "TransferToDeviceTime": ("transfer_to_device_count", "transfer_to_device_time_s"),
+    "TransferFromDeviceTime": ("transfer_from_device_count", "transfer_from_device_time_s"),
+}
+COUNTERS = {
+    "CachedCompile": "cached_compile",
+    "UncachedCompile": "uncached_compile",
+    "PersistentCacheHit": "persistent_cache_hits",
+    "PersistentCacheMiss": "persistent_cache_misses",
+    "ExecuteComputation": "device_syncs",
+    "TransferFromDevice": "transfers_from_device",
+}
+
+
+def read_summary() -> dict[str, Any]:
+    """Cumulative counters since this process started (keys: see db/telemetry.py)."""
+    import torch_xla.debug.metrics as met
+
+    summary: dict[str, Any] = {}
+    for metric, (count_key, time_key) in TIME_METRICS.items():
+        data = met.metric_data(metric)
+        count, total_ns = (data[0], data[1]) if data else (0, 0.0)
+        summary[count_key] = int(count)
+        summary[time_key] = float(total_ns) / NANOSECONDS
+    counter_names = set(met.counter_names())
+    for counter, key in COUNTERS.items():
+        summary[key] = int(met.counter_value(counter) or 0) if counter in counter_names else 0
+    summary["aten_fallbacks"] = {
+        name.removeprefix("aten::"): int(met.counter_value(name) or 0)
+        for name in sorted(counter_names)
+        if name.startswith("aten::")
+    }
+    return summary
+
+
+def read_raw_report() -> str:
+    import torch_xla.debug.metrics as met
+
+    return met.metrics_report()
+
+
+def compile_growth_warning(
+    epoch: int, previous: dict[str, Any] | None, current: dict[str, Any]
+) -> str | None:
+    """A warning when graphs are still being compiled after the first epoch."""
+    if epoch < 1 or previous is None:
+        return None
+    grown = current["compile_count"] - previous["compile_count"]
+    if grown <= 0:
+        return None
+    return (
+        f"XLA compiled {grown} new graph(s) during epoch {epoch + 1}: shapes or control flow "
+        "change between steps (a partial batch, a Python-side branch on a tensor value, or "
+        "a changing hyper-parameter baked in as a constant). Each recompile stalls training."
+    )
+
+
+def new_fallbacks(previous: dict[str, Any] | None, current: dict[str, Any]) -> dict[str, int]:
+    """Ops that fell back to the CPU for the first time since the previous report."""
+    seen = (previous or {}).get("aten_fallbacks", {})
+    return {op: count for op, count in current["aten_fallbacks"].items() if op not in seen}
