@@ -8,6 +8,8 @@ the job's error shows.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import socket
 import tarfile
 from collections.abc import Iterator
@@ -54,14 +56,16 @@ def resolve_url(location: str) -> str:
 
 @contextmanager
 def _guarded_download() -> Iterator[None]:
-    """A timeout on every socket (fastai sets none) and tar extraction that refuses members
-    leading outside the target folder, for the duration of one fetch."""
+    """A timeout on every socket (fastai sets none), tar extraction that refuses members
+    leading outside the target folder, and no progress bar, for the duration of one fetch."""
     previous_timeout = socket.getdefaulttimeout()
     previous_filter = tarfile.TarFile.extraction_filter
     socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
     tarfile.TarFile.extraction_filter = staticmethod(tarfile.data_filter)
     try:
-        yield
+        # fastprogress draws a text progress bar on stdout, which would flood the job's log.
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
     finally:
         socket.setdefaulttimeout(previous_timeout)
         tarfile.TarFile.extraction_filter = previous_filter
@@ -98,7 +102,7 @@ def fetch_url_dataset(dataset: Dataset, engine: Engine | None = None) -> Path:
         raise FetchError(_offline_message(dataset.name, url, reason)) from None
     except (tarfile.TarError, EOFError) as exc:
         raise FetchError(
-            f"the archive of dataset {dataset.name!r} ({url}) is damaged: {exc}"
+            f"the archive of dataset {dataset.name!r} ({url}) cannot be unpacked safely: {exc}"
         ) from None
     except Exception as exc:
         raise FetchError(f"could not fetch dataset {dataset.name!r} from {url}: {exc}") from None
