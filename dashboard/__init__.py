@@ -1,0 +1,1 @@
+"""traindeck's web dashboard (Streamlit). It reaches the database only through `db/`."""

@@ -1,0 +1,39 @@
+"""The dashboard's entry point: `streamlit run dashboard/app.py` (the `web:` line of the Procfile).
+
+This one file plays two parts:
+- `streamlit run` finds the `st.App` assignment below, imports this file as a module and serves
+  that ASGI app: the Streamlit pages plus the route that streams artifacts from disk
+  (`dashboard.downloads`);
+- for every browser session Streamlit then runs this same file as the page script
+  (`__name__ == "__main__"`): it builds the navigation and runs the chosen page.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# `streamlit run` puts only this folder on sys.path; the pages import `db` and `dashboard`.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+if str(PROJECT_ROOT) not in sys.path:
+    sys.path.insert(0, str(PROJECT_ROOT))
+
+import streamlit as st  # noqa: E402
+
+from dashboard import downloads  # noqa: E402
+from dashboard.nav import build_navigation  # noqa: E402
+from dashboard.state import require_database  # noqa: E402
+
+
+def run_page() -> None:
+    st.set_page_config(page_title="traindeck", page_icon=":material/model_training:", layout="wide")
+    page = build_navigation()
+    require_database()
+    # A sign-in gate goes here: one call that stops the run unless the person may see the pages.
+    page.run()
+
+
+if __name__ == "__main__":
+    run_page()
+else:
+    app = st.App(__file__, routes=downloads.routes())

@@ -1,0 +1,93 @@
+"""Artifact downloads streamed from disk by an HTTP route beside the Streamlit app.
+
+`st.download_button` keeps the whole file in the server's memory; an exported model can be
+hundreds of megabytes. Instead the job page asks `link_for` for a link: an unguessable token
+that names one recorded file for a limited time. The route (`routes()`, served by the `st.App`
+in `dashboard/app.py`) streams that file in chunks with its SHA-256 in a `Repr-Digest` header.
+A token is only handed out by a page, so any sign-in gate in front of the pages guards the
+downloads too.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+ROUTE_PREFIX = "/downloads/"
+LINK_LIFETIME_S = 3600.0
+# A page keeps showing a link while it is valid for at least this long, else it issues anew.
+MIN_REMAINING_S = 600.0
+
+
+@dataclass(frozen=True)
+class _Link:
+    path: Path
+    file_name: str
+    sha256: str
+    expires_at: float
+
+
+_links: dict[str, _Link] = {}
+_token_by_file: dict[tuple[str, str], str] = {}
+_lock = threading.Lock()
+
+
+def link_for(path: Path, file_name: str, sha256: str) -> str:
+    """The URL path that downloads `path` as `file_name`, valid for about an hour."""
+    now = time.monotonic()
+    key = (str(path), sha256)
+    with _lock:
+        _forget_expired(now)
+        token = _token_by_file.get(key)
+        if token is None or _links[token].expires_at - now < MIN_REMAINING_S:
+            token = secrets.token_urlsafe(24)
+            _links[token] = _Link(path, file_name, sha256, now + LINK_LIFETIME_S)
+            _token_by_file[key] = token
+    return ROUTE_PREFIX + token
+
+
+def _forget_expired(now: float) -> None:
+    for token, link in list(_links.items()):
+        if link.expires_at <= now:
+            del _links[token]
+            _token_by_file.pop((str(link.path), link.sha256), None)
+
+
+def _lookup(token: str) -> _Link | None:
+    with _lock:
+        link = _links.get(token)
+    if link is None or link.expires_at <= time.monotonic():
+        return None
+    return link
+
+
+async def serve_download(request: Request) -> Response:
+    link = _lookup(request.path_params["token"])
+    if link is None:
+        return PlainTextResponse(
+            "This download link has expired or is unknown; reload the job page for a new one.",
+            status_code=404,
+        )
+    if not link.path.is_file():
+        return PlainTextResponse(
+            f"The file {link.file_name} is no longer on this machine.", status_code=410
+        )
+    digest = base64.b64encode(bytes.fromhex(link.sha256)).decode("ascii")
+    return FileResponse(
+        link.path,
+        filename=link.file_name,
+        media_type="application/octet-stream",
+        headers={"Repr-Digest": f"sha-256=:{digest}:", "Cache-Control": "no-store"},
+    )
+
+
+def routes() -> list[Route]:
+    return [Route(ROUTE_PREFIX + "{token}", serve_download, methods=["GET", "HEAD"])]

@@ -1,0 +1,53 @@
+"""Numbers and times as a person reads them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from db.models import utcnow
+
+
+def duration(seconds: float | None) -> str:
+    """`42s`, `3m 05s`, `2h 10m`, `3d 4h`; empty for None."""
+    if seconds is None:
+        return ""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h"
+
+
+def since(moment: datetime | None, now: datetime | None = None) -> float | None:
+    """Seconds from `moment` to now (None for None)."""
+    if moment is None:
+        return None
+    return ((now or utcnow()) - moment).total_seconds()
+
+
+def between(start: datetime | None, end: datetime | None) -> float | None:
+    """Seconds from `start` to `end`, or to now while `end` is None."""
+    if start is None:
+        return None
+    return ((end or utcnow()) - start).total_seconds()
+
+
+def size(byte_count: int) -> str:
+    value = float(byte_count)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"
+
+
+def number(value: float | None, digits: int = 4) -> str:
+    if value is None:
+        return ""
+    return f"{value:.{digits}g}"

@@ -1,0 +1,69 @@
+"""What a job page has drawn so far, and fetching only what is newer.
+
+The first refresh reads every series of the job in min/max buckets (`db.series.snapshot`);
+each later one asks for metric rows, XLA reports and log lines with ids above the last ones
+seen, and appends them. A series that outgrows twice the bucket budget is merged back down,
+so a page's memory stays bounded however long the job runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine
+
+from db.series import DEFAULT_MAX_BUCKETS, Buckets, rows_since, snapshot
+from db.telemetry import EventRow, events_since, xla_reports
+
+# More new rows than this in one refresh (a page left alone for a long time): read it afresh.
+MAX_NEW_ROWS = 200_000
+MAX_LOG_LINES = 5_000
+
+
+@dataclass
+class LiveJob:
+    job_id: int
+    max_buckets: int = DEFAULT_MAX_BUCKETS
+    series: dict[str, Buckets] = field(default_factory=dict)
+    last_metric_id: int = -1
+    xla: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    latest_xla_raw: str = ""
+    last_xla_id: int = 0
+    log: list[EventRow] = field(default_factory=list)
+    last_event_id: int = 0
+
+    def refresh(self, engine: Engine) -> int:
+        """Fetch what is new since the last refresh. Returns how many metric points came."""
+        new_points = self._refresh_metrics(engine)
+        for row in xla_reports(engine, self.job_id, self.last_xla_id):
+            self.xla.append((row.epoch, dict(row.summary or {})))
+            self.latest_xla_raw = row.raw
+            self.last_xla_id = row.id
+        events = events_since(engine, self.job_id, self.last_event_id)
+        if events:
+            self.log = (self.log + events)[-MAX_LOG_LINES:]
+            self.last_event_id = events[-1].id
+        return new_points
+
+    def _refresh_metrics(self, engine: Engine) -> int:
+        if self.last_metric_id >= 0:
+            new = rows_since(engine, self.job_id, self.last_metric_id, MAX_NEW_ROWS)
+            if new.complete:
+                for name, points in new.series.items():
+                    merged = self.series.get(name, Buckets.empty()).extend(points)
+                    if len(merged) > 2 * self.max_buckets:
+                        merged = merged.coarsen(self.max_buckets)
+                    self.series[name] = merged
+                self.last_metric_id = new.last_id
+                return sum(points.point_count for points in new.series.values())
+        first = snapshot(engine, self.job_id, self.max_buckets)
+        self.series = dict(first.series)
+        self.last_metric_id = first.last_id
+        return sum(points.point_count for points in first.series.values())
+
+    def names(self, prefix: str) -> list[str]:
+        return sorted(name for name in self.series if name.startswith(prefix))
+
+    def get(self, name: str) -> Buckets:
+        return self.series.get(name, Buckets.empty())

@@ -1,0 +1,81 @@
+"""Compare: several jobs' curves overlaid, with their hyper-parameters and final metrics."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts
+from dashboard.state import get_engine
+from db.jobs_table import JobRow, job_rows
+from db.series import Buckets, snapshot
+from db.telemetry import final_metrics
+
+MAX_BUCKETS = 600
+DEFAULT_COUNT = 3
+
+
+def default_selection(rows: list[JobRow]) -> list[int]:
+    """Jobs named in the address (?jobs=3,5), else the newest few that have started."""
+    raw = st.query_params.get("jobs", "")
+    named = [int(part) for part in raw.split(",") if part.strip().isdigit()]
+    known = {row.id for row in rows}
+    if named:
+        return [job_id for job_id in named if job_id in known]
+    return [row.id for row in rows if row.status != "queued"][:DEFAULT_COUNT]
+
+
+def parameters_table(rows: list[JobRow], show_all: bool) -> pd.DataFrame:
+    finals = final_metrics(get_engine(), [row.id for row in rows])
+    specs = pd.DataFrame([row.spec for row in rows]).astype(str)
+    if not show_all and len(rows) > 1:
+        specs = specs.loc[:, specs.nunique() > 1]
+    frame = pd.DataFrame(
+        {"job": [f"#{row.id} {row.name}" for row in rows], "status": [r.status for r in rows]}
+    )
+    metrics = pd.DataFrame([finals[row.id] for row in rows]).add_prefix("final ")
+    return pd.concat([frame, specs, metrics], axis=1)
+
+
+st.title("Compare jobs")
+rows = job_rows(get_engine(), limit=300)
+if not rows:
+    st.info("No jobs yet.")
+    st.stop()
+by_id = {row.id: row for row in rows}
+chosen = st.multiselect(
+    "Jobs",
+    list(by_id),
+    default=default_selection(rows),
+    format_func=lambda i: f"#{i} · {by_id[i].name} · {by_id[i].status}",
+    key="compare.jobs",
+)
+st.query_params["jobs"] = ",".join(str(job_id) for job_id in chosen)
+if not chosen:
+    st.info("Pick the jobs to compare.")
+    st.stop()
+
+selected = [by_id[job_id] for job_id in chosen]
+show_all = st.toggle("Show every spec field (not only those that differ)", key="compare.all")
+st.dataframe(parameters_table(selected, show_all), hide_index=True, width="stretch")
+
+series = {
+    f"#{row.id} {row.name}": snapshot(get_engine(), row.id, MAX_BUCKETS).series for row in selected
+}
+losses = {label: s["batch/train_loss"] for label, s in series.items() if "batch/train_loss" in s}
+if losses:
+    st.plotly_chart(
+        charts.smoothed_lines_figure(losses, "Train loss per batch (smoothed)"),
+        key="compare.batch_loss",
+    )
+epoch_names = sorted({name for s in series.values() for name in s if name.startswith("epoch/")})
+if not losses and not epoch_names:
+    st.info("None of these jobs has written metrics yet.")
+for start in range(0, len(epoch_names), 2):
+    columns = st.columns(2)
+    for column, name in zip(columns, epoch_names[start : start + 2], strict=False):
+        lines: dict[str, Buckets] = {label: s[name] for label, s in series.items() if name in s}
+        short = name.removeprefix("epoch/")
+        column.plotly_chart(
+            charts.line_figure(lines, f"{short} per epoch", "epoch", short), key=f"compare.{name}"
+        )

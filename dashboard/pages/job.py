@@ -1,0 +1,310 @@
+"""Job: one job live — progress, curves, XLA diagnostics, log, spec and artifacts.
+
+While the job is queued or running, the live part redraws every REFRESH_S seconds
+(`st.fragment(run_every=…)`) and fetches only the rows newer than those it drew
+(`dashboard.live.LiveJob`). The tabs are listed in JOB_TABS: another view of a job (say, its
+results on the validation set) is one more (title, render function) entry there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+from sqlalchemy import Engine
+
+from dashboard import actions, charts, xla
+from dashboard.downloads import link_for
+from dashboard.format import between, duration, size
+from dashboard.live import LiveJob
+from dashboard.state import get_engine
+from db.artifacts import list_artifacts
+from db.jobs_table import job_rows
+from db.models import FINISHED_STATUSES, Job
+from db.queue import JobNotFound, get_job
+
+REFRESH_S = 2
+LIVE_KEY = "job.live"
+DRAWN_STATUS_KEY = "job.drawn_status"
+LOG_LINES_SHOWN = 300
+STATUS_ICONS = {
+    "queued": ":material/schedule:",
+    "running": ":material/play_circle:",
+    "succeeded": ":material/check_circle:",
+    "failed": ":material/error:",
+    "cancelled": ":material/cancel:",
+}
+
+
+def chosen_job_id() -> int | None:
+    """The job in the address (?job=N), else one picked here."""
+    raw = st.query_params.get("job")
+    if raw is not None:
+        try:
+            return int(raw)
+        except ValueError:
+            st.warning(f"{raw!r} is not a job number.")
+    rows = job_rows(get_engine(), limit=200)
+    if not rows:
+        st.info("No jobs yet.")
+        return None
+    by_id = {row.id: row for row in rows}
+    job_id = st.selectbox(
+        "Job", list(by_id), format_func=lambda i: f"#{i} · {by_id[i].name} · {by_id[i].status}"
+    )
+    st.query_params["job"] = str(job_id)
+    return job_id
+
+
+def live_state(job_id: int) -> LiveJob:
+    state = st.session_state.get(LIVE_KEY)
+    if not isinstance(state, LiveJob) or state.job_id != job_id:
+        state = st.session_state[LIVE_KEY] = LiveJob(job_id)
+    return state
+
+
+# --- progress and failure ------------------------------------------------------------------
+
+
+def show_progress(job: Job) -> None:
+    columns = st.columns(5)
+    columns[0].metric("Status", job.status + (" (cancelling)" if job.cancel_requested else ""))
+    columns[1].metric("Epoch", f"{job.epoch} / {job.total_epochs}")
+    columns[2].metric("Step", f"{job.step:,} / {job.total_steps:,}" if job.total_steps else "–")
+    if job.status == "running":
+        columns[3].metric("ETA", duration(job.eta_seconds) or "–")
+    else:
+        columns[3].metric("Duration", duration(between(job.started_at, job.finished_at)) or "–")
+    columns[4].metric("Attempt", f"{job.attempts} / {job.max_attempts}")
+    if job.total_steps:
+        fraction = min(1.0, job.step / job.total_steps)
+    elif job.total_epochs:
+        fraction = min(1.0, job.epoch / job.total_epochs)
+    else:
+        fraction = 0.0
+    if job.status == "succeeded":
+        fraction = 1.0
+    st.progress(fraction, text=f"{fraction:.0%}")
+    where = ", ".join(
+        part
+        for part in (
+            f"device {job.device}" if job.device else "",
+            f"worker {job.worker_id}" if job.worker_id else "",
+        )
+        if part
+    )
+    if where:
+        st.caption(where)
+
+
+def show_failure(job: Job) -> None:
+    if job.status != "failed" or not job.error:
+        return
+    lines = job.error.strip().splitlines()
+    st.error(f"The job failed: {lines[-1]}", icon=":material/error:")
+    if len(lines) > 1:
+        with st.expander("Traceback", expanded=True):
+            st.code(job.error, language="python")
+
+
+# --- tabs --------------------------------------------------------------------------------
+
+
+def curves_tab(engine: Engine, job: Job, live: LiveJob) -> None:
+    if not live.series:
+        st.info("No metrics yet: the worker writes the first points after its first batches.")
+        return
+    loss = live.get("batch/train_loss")
+    if len(loss):
+        beta = st.slider(
+            "Smoothing",
+            0.0,
+            0.999,
+            charts.DEFAULT_SMOOTHING,
+            0.001,
+            key="job.smoothing",
+            help="Weight of the exponential moving average (fastai's smooth loss uses 0.98).",
+        )
+        st.plotly_chart(charts.batch_loss_figure(loss, beta), key="chart.batch_loss")
+    epoch_losses = {
+        label: live.get(f"epoch/{label}_loss")
+        for label in ("train", "valid")
+        if len(live.get(f"epoch/{label}_loss"))
+    }
+    others = [
+        name
+        for name in live.names("epoch/")
+        if name not in ("epoch/train_loss", "epoch/valid_loss")
+    ]
+    panels: list[tuple[str, Callable[[], object]]] = []
+    if epoch_losses:
+        panels.append(
+            (
+                "epoch_losses",
+                lambda: charts.line_figure(epoch_losses, "Loss per epoch", "epoch", "loss"),
+            )
+        )
+    for name in others:
+        short = name.removeprefix("epoch/")
+        panels.append(
+            (name, lambda s=short, n=name: charts.line_figure({s: live.get(n)}, s, "epoch", s))
+        )
+    if len(live.get("batch/lr")):
+        panels.append(("batch/lr", lambda: charts.lr_schedule_figure(live.get("batch/lr"))))
+    if len(live.get("lr_find/loss")):
+        suggestion = live.get("lr_find/suggestion")
+        panels.append(
+            (
+                "lr_find",
+                lambda: charts.lr_find_figure(
+                    live.get("lr_find/lr"),
+                    live.get("lr_find/loss"),
+                    float(suggestion.mean[-1]) if len(suggestion) else None,
+                ),
+            )
+        )
+    for start in range(0, len(panels), 2):
+        columns = st.columns(2)
+        for column, (key, figure) in zip(columns, panels[start : start + 2], strict=False):
+            column.plotly_chart(figure(), key=f"chart.{key}")
+
+
+def diagnostics_tab(engine: Engine, job: Job, live: LiveJob) -> None:
+    st.markdown(f"**Device:** {job.device or 'not known yet (the worker reports it at start)'}")
+    memory = live.get("epoch/cuda_max_memory_mb")
+    if len(memory):
+        st.metric("CUDA peak memory (latest epoch)", f"{memory.high[-1]:,.0f} MB")
+    if not live.xla:
+        if "xla" in (job.device or "").lower() or job.spec.get("device") == "xla":
+            st.info("No XLA metrics report yet: the worker stores one every epoch.")
+        else:
+            st.caption("XLA diagnostics appear here for jobs that run on an XLA device.")
+        return
+    epochs = xla.per_epoch(live.xla)
+    warning = xla.recompile_warning(epochs, job.spec.get("schedule"))
+    if warning:
+        st.warning(warning, icon=":material/warning:")
+    else:
+        st.success("The compile count stopped growing after the first epoch.")
+    numbers = [row.epoch for row in epochs]
+    left, right = st.columns(2)
+    left.plotly_chart(
+        charts.compile_figure(
+            numbers, [row.compiles for row in epochs], [row.compile_s for row in epochs]
+        ),
+        key="chart.xla_compiles",
+    )
+    right.plotly_chart(
+        charts.times_figure(
+            numbers,
+            {
+                "execute": [row.execute_s for row in epochs],
+                "compile": [row.compile_s for row in epochs],
+                "to device": [row.to_device_s for row in epochs],
+                "from device": [row.from_device_s for row in epochs],
+            },
+        ),
+        key="chart.xla_times",
+    )
+    st.dataframe(pd.DataFrame([row.__dict__ for row in epochs]), hide_index=True, width="stretch")
+    st.markdown("**Ops that fell back to the CPU** (each call leaves the XLA device)")
+    fallbacks = xla.fallback_rows(live.xla)
+    if fallbacks:
+        st.dataframe(pd.DataFrame(fallbacks), hide_index=True, width="stretch")
+    else:
+        st.caption("None: every op ran on the XLA device.")
+    with st.expander("Latest raw XLA metrics report"):
+        st.code(live.latest_xla_raw or "(empty)", language=None)
+
+
+def log_tab(engine: Engine, job: Job, live: LiveJob) -> None:
+    query = st.text_input("Search the log", key="job.log_search", placeholder="text to find")
+    lines = [
+        f"{event.time:%Y-%m-%d %H:%M:%S} {event.level.upper():7} {event.message}"
+        for event in live.log
+    ]
+    if query:
+        lines = [line for line in lines if query.lower() in line.lower()]
+    if not lines:
+        st.caption("No matching lines." if query else "The log is empty so far.")
+        return
+    shown = lines[-LOG_LINES_SHOWN:]
+    st.caption(f"{len(shown)} of {len(lines)} lines" + (f" matching {query!r}" if query else ""))
+    st.code("\n".join(shown), language=None)
+
+
+def spec_tab(engine: Engine, job: Job, live: LiveJob) -> None:
+    if job.cloned_from is not None:
+        st.caption(f"Cloned from job #{job.cloned_from}")
+    st.json(job.spec)
+
+
+def artifacts_tab(engine: Engine, job: Job, live: LiveJob) -> None:
+    artifacts = list_artifacts(engine, job.id)
+    if not artifacts:
+        st.caption(
+            "No files yet: the exported model appears here when the job succeeds."
+            if job.status not in FINISHED_STATUSES
+            else "This job left no files."
+        )
+        return
+    for artifact in artifacts:
+        path = Path(artifact.path)
+        with st.container(border=True):
+            st.markdown(f"**{artifact.kind}** · `{path.name}` · {size(artifact.bytes)}")
+            st.markdown(f"SHA-256 `{artifact.sha256}`")
+            if path.is_file():
+                st.link_button(
+                    f"Download {path.name}",
+                    link_for(path, f"job{job.id}-{path.name}", artifact.sha256),
+                    icon=":material/download:",
+                )
+            else:
+                st.warning(f"The file {artifact.path} is not on this machine.")
+
+
+# (title, render(engine, job, live)): the job page's tabs, in order.
+JOB_TABS: list[tuple[str, Callable[[Engine, Job, LiveJob], None]]] = [
+    ("Curves", curves_tab),
+    ("Diagnostics", diagnostics_tab),
+    ("Log", log_tab),
+    ("Spec", spec_tab),
+    ("Artifacts", artifacts_tab),
+]
+
+
+def live_part(job_id: int) -> None:
+    engine = get_engine()
+    try:
+        job = get_job(engine, job_id)
+    except JobNotFound:
+        st.warning(f"Job #{job_id} no longer exists.")
+        return
+    live = live_state(job_id)
+    live.refresh(engine)
+    if st.session_state.get(DRAWN_STATUS_KEY) != (job_id, job.status):
+        st.rerun(scope="app")  # the buttons and the refresh timer depend on the status
+    show_progress(job)
+    show_failure(job)
+    tabs = st.tabs([title for title, _ in JOB_TABS])
+    for tab, (_, render) in zip(tabs, JOB_TABS, strict=True):
+        with tab:
+            render(engine, job, live)
+
+
+engine = get_engine()
+job_id = chosen_job_id()
+if job_id is not None:
+    try:
+        job = get_job(engine, job_id)
+    except JobNotFound:
+        st.warning(f"There is no job #{job_id}.")
+        st.stop()
+    st.session_state[DRAWN_STATUS_KEY] = (job.id, job.status)
+    st.title(f"#{job.id} · {job.name}")
+    actions.show_flashes()
+    actions.render_buttons(engine, job.id, job.status, job.spec, key="job")
+    refresh = None if job.status in FINISHED_STATUSES else REFRESH_S
+    st.fragment(run_every=refresh)(live_part)(job.id)

@@ -1,0 +1,72 @@
+"""Workers: each worker process with its host, device, state by heartbeat, and current job."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard.format import duration, since
+from dashboard.state import get_engine
+from db.config import heartbeat_timeout_s
+from db.models import Worker
+from db.workers import is_stale, list_workers
+
+REFRESH_S = 5
+
+
+def worker_state(worker: Worker, timeout_s: float) -> str:
+    """`stopped`, `stale` (no heartbeat within the timeout), or alive and idle/busy."""
+    if worker.state == "stopped":
+        return "stopped"
+    if is_stale(worker, timeout_s):
+        return "stale"
+    return f"alive ({worker.state})"
+
+
+@st.fragment(run_every=REFRESH_S)
+def workers_view() -> None:
+    timeout_s = heartbeat_timeout_s()
+    workers = list_workers(get_engine())
+    if not workers:
+        st.info("No worker has registered yet. Start one with `python -m worker`.")
+        return
+    states = [worker_state(worker, timeout_s) for worker in workers]
+    stale = [worker.id for worker, state in zip(workers, states, strict=True) if state == "stale"]
+    if stale:
+        st.warning(
+            f"No heartbeat for over {duration(timeout_s)} from: {', '.join(stale)}. "
+            "Their running jobs go back to the queue (or fail when out of attempts).",
+            icon=":material/heart_broken:",
+        )
+    frame = pd.DataFrame(
+        {
+            "worker": [worker.id for worker in workers],
+            "host": [worker.host for worker in workers],
+            "pid": [worker.pid for worker in workers],
+            "device": [worker.device for worker in workers],
+            "state": states,
+            "last heartbeat": [f"{duration(since(w.heartbeat_at))} ago" for w in workers],
+            "current job": [
+                f"job?job={w.current_job_id}" if w.current_job_id is not None else None
+                for w in workers
+            ],
+            "jobs done": [worker.jobs_done for worker in workers],
+            "up for": [duration(since(worker.started_at)) for worker in workers],
+        }
+    )
+    st.dataframe(
+        frame.style.apply(
+            lambda column: ["color: #d33" if value == "stale" else "" for value in column],
+            subset=["state"],
+        ),
+        column_config={
+            "current job": st.column_config.LinkColumn(display_text=r"job\?job=(\d+)"),
+        },
+        hide_index=True,
+        width="stretch",
+    )
+    st.caption(f"A worker is stale after {duration(timeout_s)} without a heartbeat.")
+
+
+st.title("Workers")
+workers_view()

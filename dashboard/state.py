@@ -1,0 +1,55 @@
+"""What every page shares: the database engine, and the check that the database is usable.
+
+Other pages get the engine with `from dashboard.state import get_engine`.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+
+from db import config
+from db.engine import DatabaseUrlError
+from db.engine import get_engine as db_get_engine
+from db.migrate import is_migrated
+
+
+@st.cache_resource(show_spinner=False)
+def _engine_for(url: str) -> Engine:
+    return db_get_engine(url)
+
+
+def get_engine() -> Engine:
+    """The process-wide engine for `DATABASE_URL` (or the SQLite file in the data folder)."""
+    return _engine_for(config.database_url())
+
+
+def _printable_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "(unreadable DATABASE_URL)"
+
+
+def require_database() -> Engine:
+    """The engine, or a clear message and a stopped page when the database cannot be used."""
+    url = config.database_url()
+    try:
+        engine = get_engine()
+        migrated = is_migrated(engine)
+    except DatabaseUrlError as exc:
+        st.error(f"DATABASE_URL cannot be used: {exc}")
+        st.stop()
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        st.error(f"Cannot reach the database at {_printable_url(url)}: {reason}")
+        st.stop()
+    if not migrated:
+        st.error(
+            f"The database at {_printable_url(url)} has no tables yet. "
+            "Create them with `python -m db upgrade`, then reload this page."
+        )
+        st.stop()
+    return engine
