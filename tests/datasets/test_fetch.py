@@ -3,11 +3,8 @@ internet), and the messages when the worker is offline or the archive is hostile
 
 from __future__ import annotations
 
-import http.server
 import io
-import socket
 import tarfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,38 +13,9 @@ from sqlalchemy import Engine
 
 from db.datasets import get_dataset
 from db.imagesets import register_url, url_data_dir
+from tests.datasets.archive_server import ArchiveServer, closed_port, make_tgz
 from tests.datasets.imagegen import files_under, make_split_dataset, write_corrupt_png
 from worker.fetch import FetchError, fetch_url_dataset, load_dataset_items, resolve_url
-
-
-class ArchiveServer:
-    """Serves the files of one folder over HTTP on 127.0.0.1 and counts the requests."""
-
-    def __init__(self, folder: Path) -> None:
-        self.requests: list[str] = []
-        server = self
-
-        class Handler(http.server.SimpleHTTPRequestHandler):
-            def __init__(self, *args, **kwargs) -> None:
-                super().__init__(*args, directory=str(folder), **kwargs)
-
-            def do_GET(self) -> None:
-                server.requests.append(self.path)
-                super().do_GET()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/{name}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture
@@ -57,18 +25,6 @@ def archives(tmp_path: Path) -> Iterator[tuple[Path, ArchiveServer]]:
     server = ArchiveServer(folder)
     yield folder, server
     server.close()
-
-
-def make_tgz(source: Path, archive: Path, top: str) -> Path:
-    with tarfile.open(archive, "w:gz") as tar:
-        tar.add(source, arcname=top)
-    return archive
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_a_url_dataset_is_fetched_once_and_checked(
