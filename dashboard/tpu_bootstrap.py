@@ -223,7 +223,10 @@ WorkingDirectory=$SRC
 ExecStart=$VENV/bin/python -m worker --worker-id $WORKER_ID
 Restart=on-failure
 RestartSec=15
-TimeoutStopSec=120
+# SIGTERM to the supervisor only: it stops its job at the next batch and requeues it (a
+# spot VM gets 30 s of notice before a preemption); whatever is left is killed after that.
+KillMode=mixed
+TimeoutStopSec=150
 
 [Install]
 WantedBy=multi-user.target

@@ -246,11 +246,14 @@ class NodeInfo:
 def node_info(node: tpu_v2.Node) -> NodeInfo:
     endpoints = list(node.network_endpoints)
     created = node.create_time
+    accelerator = node.accelerator_type
+    if not accelerator and node.accelerator_config.topology:
+        config = node.accelerator_config
+        accelerator = f"{config.type_.name.lower()} {config.topology}"
     return NodeInfo(
         name=node.name.rsplit("/", 1)[-1],
         resource_name=node.name,
-        accelerator_type=node.accelerator_type
-        or (f"{node.accelerator_config.type_.name}:{node.accelerator_config.topology}"),
+        accelerator_type=accelerator or "—",
         runtime_version=node.runtime_version,
         state=tpu_v2.Node.State(node.state).name,
         health=tpu_v2.Node.Health(node.health).name,
@@ -650,15 +653,12 @@ class Recovery:
 
 
 def lost_node_reason(node_name: str, state: str) -> str:
-    words = LOST_STATE_WORDS.get(state, f"is {state}")
-    return f"its TPU VM {node_name} {words}; it resumes from its last checkpoint on another worker"
+    """Why the jobs of a lost node's worker were taken back, as the job's log says it."""
+    return f"its TPU VM {node_name} {LOST_STATE_WORDS.get(state, f'is {state}')}"
 
 
 def deleted_node_reason(node_name: str) -> str:
-    return (
-        f"its TPU VM {node_name} is being deleted; it resumes from its last checkpoint on "
-        "another worker"
-    )
+    return f"its TPU VM {node_name} is being deleted"
 
 
 def recover_jobs_of_lost_nodes(engine: Engine, nodes: Iterable[NodeInfo]) -> list[Recovery]:

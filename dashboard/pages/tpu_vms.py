@@ -91,14 +91,17 @@ def _client(endpoint: str, source: str, credentials_id: int, _found: FoundCreden
 
 
 @st.cache_data(ttl=3600, show_spinner=False)
-def _zone_choices(
-    _vms: TpuVms, endpoint: str, project: str, zone: str
-) -> tuple[list[str], list[str], str | None]:
-    """Accelerator types and runtime versions offered in the zone (or a reason why not)."""
+def _zone_offer(_vms: TpuVms, endpoint: str, project: str, zone: str) -> tuple[list, list]:
+    """Accelerator types and runtime versions offered in the zone (a failure is not cached)."""
+    return _vms.list_accelerator_types(), _vms.list_runtime_versions()
+
+
+def _zone_choices(vms: TpuVms) -> tuple[list[str], list[str], str | None]:
     try:
-        return _vms.list_accelerator_types(), _vms.list_runtime_versions(), None
+        types, versions = _zone_offer(vms, vms.endpoint, vms.project, vms.zone)
     except TpuError as exc:
         return [], [], str(exc)
+    return types, versions, None
 
 
 # --- small helpers --------------------------------------------------------------------------
@@ -387,7 +390,7 @@ def _bootstrap_settings(name: str) -> BootstrapSettings:
 
 
 def _machine_inputs(vms: TpuVms) -> dict[str, Any]:
-    types, versions, problem = _zone_choices(vms, vms.endpoint, vms.project, vms.zone)
+    types, versions, problem = _zone_choices(vms)
     if problem:
         st.caption(f"The zone's accelerator types and runtime versions are unknown: {problem}")
     types = types or list(COMMON_ACCELERATOR_TYPES)

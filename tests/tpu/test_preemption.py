@@ -44,8 +44,7 @@ def test_preempted_node_requeues_its_job_with_the_reason(engine, fake_api: FakeT
     last_event = events_since(engine, job_id)[-1]
     assert last_event.level == "warning"
     assert last_event.message == (
-        "requeued: its TPU VM spot-1 was preempted (Google Cloud took the spot capacity back); "
-        "it resumes from its last checkpoint on another worker"
+        "requeued: its TPU VM spot-1 was preempted (Google Cloud took the spot capacity back)"
     )
     assert queue.get_job(engine, bystander).status == "running"
 
@@ -67,6 +66,21 @@ def test_other_states_without_a_vm_count_as_lost(
 
     assert recovery.outcomes == [(job_id, "queued")]
     assert words in events_since(sqlite_engine, job_id)[-1].message
+
+
+def test_a_job_out_of_attempts_fails_with_the_reason(sqlite_engine, fake_api, vms):
+    fake_api.add_node(PROJECT, ZONE, "spot-1", schedulingConfig={"spot": True})
+    job_id = queue.submit(sqlite_engine, {"name": "last try", "max_attempts": 1})
+    queue.claim(sqlite_engine, "tpu-spot-1")
+    fake_api.set_state("spot-1", "PREEMPTED")
+
+    (recovery,) = recover_jobs_of_lost_nodes(sqlite_engine, vms.list_nodes())
+
+    assert recovery.outcomes == [(job_id, "failed")]
+    assert queue.get_job(sqlite_engine, job_id).error == (
+        "its TPU VM spot-1 was preempted (Google Cloud took the spot capacity back), "
+        "and all its attempts are used"
+    )
 
 
 def test_the_watcher_requeues_without_the_page(

@@ -250,3 +250,14 @@ def test_an_api_outage_keeps_the_page_usable(page: AppTest, fake_api: FakeTpuApi
     (error,) = _texts(page, "error")
     assert error.startswith("Permission denied while listing the TPU VMs of test-project")
     assert page.button(key="tpu_create")
+
+
+def test_the_page_opens_through_the_dashboards_navigation(sqlite_engine, fake_api: FakeTpuApi):
+    fake_api.add_node(PROJECT, ZONE, "node-1")
+    app = AppTest.from_file(str(Path(PAGE).parents[1] / "app.py"), default_timeout=60)
+    app.switch_page("pages/tpu_vms.py")
+
+    _no_exception(app.run())
+
+    assert "TPU VMs" in _texts(app, "title")
+    assert list(app.dataframe[0].value["Name"]) == ["node-1"]
