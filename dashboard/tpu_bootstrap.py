@@ -5,7 +5,7 @@ installs Python 3.11, brings traindeck onto the VM (a git repository or a tarbal
 the pinned stack from traindeck's requirements.txt plus `torch_xla[tpu]` (which brings libtpu),
 and starts `python -m worker --worker-id tpu-<node name>` under systemd with `PJRT_DEVICE=TPU`
 and the shared `DATABASE_URL`. It is idempotent: a reboot (a stop and start of the node)
-reuses the virtual environment while requirements.txt is unchanged.
+reuses the virtual environment while requirements.txt is unchanged, and updates the code.
 
 The script is a fixed body that reads a few variables set at its top; the values are checked
 here (`BootstrapSettings.problems`) and shell-quoted, so nothing a person types can turn into
@@ -152,8 +152,10 @@ install_system_packages() {
         return
     fi
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q
-    apt-get install -y -q python3.11 python3.11-venv git curl ca-certificates
+    # At first boot unattended-upgrades may hold the dpkg lock for minutes: wait for it.
+    apt-get -o DPkg::Lock::Timeout=900 update -q
+    apt-get -o DPkg::Lock::Timeout=900 install -y -q python3.11 python3.11-venv git curl \
+        ca-certificates
 }
 
 fetch_source() {
@@ -227,9 +229,6 @@ RestartSec=15
 # spot VM gets 30 s of notice before a preemption); whatever is left is killed after that.
 KillMode=mixed
 TimeoutStopSec=150
-
-[Install]
-WantedBy=multi-user.target
 UNIT
 }
 
@@ -248,8 +247,8 @@ main() {
     fetch_source
     install_python_stack
     write_worker_service
+    # Not enabled at boot: this script starts it at every boot, once the code is up to date.
     systemctl daemon-reload
-    systemctl enable traindeck-worker.service
     systemctl restart traindeck-worker.service
     echo "== traindeck worker $WORKER_ID started; follow it: journalctl -u traindeck-worker -f"
 }

@@ -664,9 +664,14 @@ def deleted_node_reason(node_name: str) -> str:
 def recover_jobs_of_lost_nodes(engine: Engine, nodes: Iterable[NodeInfo]) -> list[Recovery]:
     """Requeue the running jobs of every node whose VM is gone (PREEMPTED, TERMINATED,
     STOPPED). Harmless to call again and again: a worker's jobs are requeued only once."""
+    lost = [node for node in nodes if node.is_lost]
+    if not lost:
+        return []
+    # A read first: the page asks every few seconds, and a write would take SQLite's lock.
+    busy_workers = {job.worker_id for job in queue.list_jobs(engine, ["running"])}
     recoveries = []
-    for node in nodes:
-        if not node.is_lost:
+    for node in lost:
+        if node.worker_id not in busy_workers:
             continue
         outcomes = queue.requeue_jobs_of_worker(
             engine, node.worker_id, lost_node_reason(node.name, node.state)

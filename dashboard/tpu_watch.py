@@ -16,6 +16,7 @@ import time
 from datetime import UTC, datetime
 from typing import NoReturn
 
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from dashboard.tpu_cloud import (
@@ -42,7 +43,7 @@ def _say(message: str) -> None:
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M:%S} {message}", flush=True)
 
 
-def check_once(vms: TpuVms, engine) -> int:
+def check_once(vms: TpuVms, engine: Engine) -> int:
     """One look at the zone; returns how many jobs changed state."""
     nodes = vms.list_nodes()
     changed = 0

@@ -56,6 +56,7 @@ SOURCE_URL_ENV = "TRAINDECK_SOURCE_URL"
 WORKER_DATABASE_URL_ENV = "TRAINDECK_WORKER_DATABASE_URL"
 # How long each operation usually takes, to draw its progress bar against.
 USUAL_SECONDS = {"create": 180, "delete": 90, "start": 90, "stop": 90}
+MAX_FAILED_CHECKS = 5
 
 OPERATIONS_KEY = "tpu_operations"
 RECOVERIES_KEY = "tpu_recoveries"
@@ -85,7 +86,7 @@ def _credentials(endpoint: str, environment: tuple[str, ...]) -> FoundCredential
         return exc
 
 
-@st.cache_resource(show_spinner=False)
+@st.cache_resource(show_spinner=False, max_entries=4)
 def _client(endpoint: str, source: str, credentials_id: int, _found: FoundCredentials) -> Any:
     return make_client(endpoint, _found.credentials)
 
@@ -158,7 +159,15 @@ def _refresh_operations(vms: TpuVms) -> bool:
         try:
             status = vms.operation(entry["name"])
         except TpuError as exc:
+            entry["failed_checks"] = entry.get("failed_checks", 0) + 1
             entry["detail"] = f"progress unknown: {exc}"
+            if entry["failed_checks"] >= MAX_FAILED_CHECKS:
+                entry.update(done=True, ended_at=datetime.now(UTC))
+                entry["error"] = (
+                    f"{entry['verb']} {entry['target']}: its progress could not be read "
+                    f"{MAX_FAILED_CHECKS} times in a row ({exc}); the node list shows its state."
+                )
+                ended = True
             continue
         entry.update(detail=status.detail, done=status.done, error=status.error)
         if not status.done:

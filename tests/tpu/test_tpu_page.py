@@ -261,3 +261,27 @@ def test_the_page_opens_through_the_dashboards_navigation(sqlite_engine, fake_ap
 
     assert "TPU VMs" in _texts(app, "title")
     assert list(app.dataframe[0].value["Name"]) == ["node-1"]
+
+
+def test_an_operation_whose_progress_cannot_be_read_ends_with_a_message(
+    page: AppTest, fake_api: FakeTpuApi
+):
+    fake_api.polls_until_done = 100
+    fake_api.add_node(PROJECT, ZONE, "node-1")
+    _no_exception(page.run())
+    page.button(key="tpu_stop").click()
+    _no_exception(page.run())
+    page.button(key="tpu_confirm_yes").click()
+    _no_exception(page.run())
+    for _ in range(5):
+        fake_api.fail_next("operation", 503, "The service is currently unavailable.")
+
+    for _ in range(4):
+        _no_exception(page.run())
+        assert not _texts(page, "error")
+    _no_exception(page.run())
+
+    (error,) = _texts(page, "error")
+    assert error.startswith("stop node-1: its progress could not be read 5 times in a row")
+    assert "The service is currently unavailable." in error
+    assert page.button(key="tpu_clear_operations")
