@@ -132,12 +132,19 @@ class DatasetReport:
         ]
         if self.bad_files:
             lines.append(
-                f"{len(self.bad_files)} files cannot be decoded and are left out: "
+                f"left out {counted(len(self.bad_files), 'file')} that cannot be decoded: "
                 + _first_few(f"{name} ({reason})" for name, reason in self.bad_files.items())
             )
         if self.skipped:
-            lines.append(f"{len(self.skipped)} files skipped: " + _first_few(self.skipped))
+            lines.append(
+                f"{counted(len(self.skipped), 'file')} skipped: " + _first_few(self.skipped)
+            )
         return "\n".join(lines)
+
+
+def counted(count: int, noun: str) -> str:
+    """'1 file', '2 files'."""
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
 
 
 def _first_few(entries: Any) -> str:

@@ -157,7 +157,13 @@ def _plan(
         shown = ", ".join(not_images[:MAX_PROBLEMS_SHOWN])
         more = len(not_images) - MAX_PROBLEMS_SHOWN
         report.skipped.append(
-            f"skipped {len(not_images)} members that are not images: {shown}"
+            f"skipped {len(not_images)} "
+            + (
+                "member that is not an image"
+                if len(not_images) == 1
+                else "members that are not images"
+            )
+            + f": {shown}"
             + (f" and {more} more" if more > 0 else "")
         )
     return planned

@@ -13,7 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from dashboard.actions import flash, show_flashes
 from dashboard.state import require_database
-from db.dataset_validation import DATASET_ROOTS_ENV, allowed_roots
+from db.dataset_validation import DATASET_ROOTS_ENV, allowed_roots, counted
 from db.datasets import get_dataset, list_datasets
 from db.imagesets import (
     DatasetError,
@@ -227,7 +227,8 @@ def preview(engine: Engine, dataset: Dataset) -> None:
         st.plotly_chart(class_chart(dataset.class_counts, splits), width="stretch")
     image_grid(samples)
     if dataset.bad_files:
-        with st.expander(f"{len(dataset.bad_files):,} files cannot be decoded (left out)"):
+        bad = counted(len(dataset.bad_files), "file")
+        with st.expander(f"{bad} cannot be decoded (left out)"):
             st.code("\n".join(dataset.bad_files), language=None)
 
 

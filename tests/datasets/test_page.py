@@ -60,13 +60,13 @@ def test_a_folder_is_registered_and_previewed(page: AppTest, data_dir: Path) -> 
     assert not page.error
     [success] = texts(page.success)
     assert "registered 'animals'" in success
-    assert "1 files cannot be decoded and are left out: cat/broken.png" in success
+    assert "left out 1 file that cannot be decoded: cat/broken.png" in success
     assert page.selectbox(key="datasets.preview").value == "animals"
     [chart] = page.get("plotly_chart")
     assert '"x":["cat","dog","fox"]' in chart.proto.spec.replace(" ", "")
     captions = [caption for image in page.get("image") for caption in image.captions]
     assert sorted(captions) == ["cat"] * 3 + ["dog"] * 3 + ["fox"] * 3
-    assert any("files cannot be decoded" in e.label for e in page.expander)
+    assert any("1 file cannot be decoded" in e.label for e in page.expander)
 
 
 def test_a_folder_outside_the_roots_gets_a_message(page: AppTest, tmp_path: Path) -> None:

@@ -64,7 +64,7 @@ def test_a_corrupt_png_is_reported_stored_and_left_out(engine: Engine, data_dir:
     assert dataset.bad_files == ["cat/broken.png", "dog/empty.png"]
     assert dataset.class_counts == {"cat": 3, "dog": 3}
     assert registration.report.bad_files["cat/broken.png"].startswith("cannot be decoded")
-    assert "2 files cannot be decoded and are left out: cat/broken.png" in registration.summary()
+    assert "left out 2 files that cannot be decoded: cat/broken.png" in registration.summary()
     items = dataset_items(dataset)
     assert len(items.items) == 6
     assert all(path.name not in ("broken.png", "empty.png") for path, _ in items.items)
@@ -199,7 +199,7 @@ def test_a_zip_is_unpacked_checked_and_registered(engine: Engine, data_dir: Path
     assert Path(dataset.location) == uploads_dir() / "pets" / "pets"
     assert dataset.class_counts == {"cat": 3, "dog": 3}
     assert dataset.bad_files == ["dog/bad.png"]
-    assert "skipped 1 members that are not images: pets/notes.txt" in registration.summary()
+    assert "skipped 1 member that is not an image: pets/notes.txt" in registration.summary()
     assert files_under(uploads_dir()) == {
         "pets",
         "pets/pets",
