@@ -14,8 +14,8 @@ from plotly.subplots import make_subplots
 
 from db.series import Buckets
 
-DEFAULT_SMOOTHING = 0.98
-RAW_COLOR = "rgba(99, 110, 250, 0.35)"
+DEFAULT_SMOOTHING = 0.9
+RAW_COLOR = "rgba(99, 110, 250, 0.45)"
 SMOOTH_COLOR = "rgb(99, 110, 250)"
 HEIGHT = 320
 

@@ -44,7 +44,7 @@ LABELS = {
     "max_attempts": "Max attempts",
     "time_limit": "Time limit (s)",
 }
-WORD_LABELS = {("lr", "find"): "Find the learning rate first (lr_find) and use its suggestion"}
+WORD_LABELS = {("lr", "find"): "Find it first with lr_find, and use its suggestion"}
 SECTIONS = {
     "Model and data": ["arch", "pretrained", "img_size", "augment", "valid_pct", "seed"],
     "Training": ["epochs", "lr", "schedule", "bs", "wd", "grad_accum", "grad_clip"],
@@ -207,12 +207,6 @@ def _outside_bounds(field: FieldKind, value: Any) -> bool:
 
 def render_field(field: FieldKind, problem: str | None) -> None:
     """The widget(s) of one field, with its problem (if any) right below."""
-    if field.words:
-        for word in field.words:
-            st.checkbox(
-                WORD_LABELS.get((field.name, word), f"{field.label}: {word}"),
-                key=field.word_key(word),
-            )
     uses_word = any(st.session_state.get(field.word_key(word)) for word in field.words)
     if field.kind == "choice":
         st.selectbox(field.label, field.choices, key=field.key, help=field.help())
@@ -222,6 +216,9 @@ def render_field(field: FieldKind, problem: str | None) -> None:
         _number_input(field, disabled=uses_word)
     else:
         st.text_input(field.label, key=field.key, help=field.help(), disabled=uses_word)
+    for word in field.words:
+        label = WORD_LABELS.get((field.name, word), f"{field.label}: {word}")
+        st.checkbox(label, key=field.word_key(word))
     if problem:
         st.error(problem, icon=":material/error:")
 

@@ -118,7 +118,7 @@ def curves_tab(engine: Engine, job: Job, live: LiveJob) -> None:
         return
     loss = live.get("batch/train_loss")
     if len(loss):
-        beta = st.slider(
+        beta = st.columns(3)[0].slider(
             "Smoothing",
             0.0,
             0.999,
