@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+import plotly.graph_objects as go
 import streamlit as st
 from sqlalchemy import Engine
 
@@ -128,47 +129,42 @@ def curves_tab(engine: Engine, job: Job, live: LiveJob) -> None:
             help="Weight of the exponential moving average (fastai's smooth loss uses 0.98).",
         )
         st.plotly_chart(charts.batch_loss_figure(loss, beta), key="chart.batch_loss")
+    panels = small_figures(live)
+    for start in range(0, len(panels), 2):
+        columns = st.columns(2)
+        for column, (key, figure) in zip(columns, panels[start : start + 2], strict=False):
+            column.plotly_chart(figure, key=f"chart.{key}")
+
+
+def small_figures(live: LiveJob) -> list[tuple[str, go.Figure]]:
+    """(key, figure) of the per-epoch curves, the lr schedule and the lr finder, in order."""
+    figures = []
     epoch_losses = {
         label: live.get(f"epoch/{label}_loss")
         for label in ("train", "valid")
         if len(live.get(f"epoch/{label}_loss"))
     }
-    others = [
-        name
-        for name in live.names("epoch/")
-        if name not in ("epoch/train_loss", "epoch/valid_loss")
-    ]
-    panels: list[tuple[str, Callable[[], object]]] = []
     if epoch_losses:
-        panels.append(
-            (
-                "epoch_losses",
-                lambda: charts.line_figure(epoch_losses, "Loss per epoch", "epoch", "loss"),
+        figures.append(
+            ("epoch_losses", charts.line_figure(epoch_losses, "Loss per epoch", "epoch", "loss"))
+        )
+    for name in live.names("epoch/"):
+        if name not in ("epoch/train_loss", "epoch/valid_loss"):
+            short = name.removeprefix("epoch/")
+            figures.append(
+                (name, charts.line_figure({short: live.get(name)}, short, "epoch", short))
             )
-        )
-    for name in others:
-        short = name.removeprefix("epoch/")
-        panels.append(
-            (name, lambda s=short, n=name: charts.line_figure({s: live.get(n)}, s, "epoch", s))
-        )
     if len(live.get("batch/lr")):
-        panels.append(("batch/lr", lambda: charts.lr_schedule_figure(live.get("batch/lr"))))
+        figures.append(("batch/lr", charts.lr_schedule_figure(live.get("batch/lr"))))
     if len(live.get("lr_find/loss")):
         suggestion = live.get("lr_find/suggestion")
-        panels.append(
-            (
-                "lr_find",
-                lambda: charts.lr_find_figure(
-                    live.get("lr_find/lr"),
-                    live.get("lr_find/loss"),
-                    float(suggestion.mean[-1]) if len(suggestion) else None,
-                ),
-            )
+        figure = charts.lr_find_figure(
+            live.get("lr_find/lr"),
+            live.get("lr_find/loss"),
+            float(suggestion.mean[-1]) if len(suggestion) else None,
         )
-    for start in range(0, len(panels), 2):
-        columns = st.columns(2)
-        for column, (key, figure) in zip(columns, panels[start : start + 2], strict=False):
-            column.plotly_chart(figure(), key=f"chart.{key}")
+        figures.append(("lr_find", figure))
+    return figures
 
 
 def diagnostics_tab(engine: Engine, job: Job, live: LiveJob) -> None:

@@ -7,7 +7,7 @@ import streamlit as st
 
 from dashboard.format import duration, since
 from dashboard.state import get_engine
-from db.config import heartbeat_timeout_s
+from db.config import DEFAULT_HEARTBEAT_TIMEOUT_S, heartbeat_timeout_s
 from db.models import Worker
 from db.workers import is_stale, list_workers
 
@@ -23,9 +23,17 @@ def worker_state(worker: Worker, timeout_s: float) -> str:
     return f"alive ({worker.state})"
 
 
+def stale_after_s() -> float:
+    try:
+        return heartbeat_timeout_s()
+    except ValueError as exc:
+        st.warning(f"{exc}; using {DEFAULT_HEARTBEAT_TIMEOUT_S:g} s.")
+        return DEFAULT_HEARTBEAT_TIMEOUT_S
+
+
 @st.fragment(run_every=REFRESH_S)
 def workers_view() -> None:
-    timeout_s = heartbeat_timeout_s()
+    timeout_s = stale_after_s()
     workers = list_workers(get_engine())
     if not workers:
         st.info("No worker has registered yet. Start one with `python -m worker`.")

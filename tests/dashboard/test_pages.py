@@ -322,3 +322,104 @@ def test_compare_page_overlays_jobs_and_tables_their_parameters(engine):
 
     at.toggle(key="compare.all").set_value(True).run()
     assert "epochs" in at.dataframe[0].value.columns
+
+
+def test_the_dataset_picker_shows_counts_and_sample_images(sqlite_engine, data_dir):
+    from PIL import Image
+
+    from db.datasets import save_dataset
+
+    root = data_dir / "datasets" / "shapes"
+    for label in ("circle", "square", "star"):
+        (root / label).mkdir(parents=True)
+        for index in range(4):
+            Image.new("RGB", (16, 16), (index * 40, 0, 0)).save(root / label / f"{index}.png")
+    save_dataset(
+        sqlite_engine,
+        name="shapes",
+        kind="folder",
+        location=str(root),
+        label_rule={"type": "folder"},
+        classes=["circle", "square", "star"],
+        class_counts={"circle": 4, "square": 4, "star": 4},
+    )
+    at = open_page("pages/new_job.py")
+    at.selectbox(key="spec.dataset").set_value("shapes").run()
+
+    assert "folder · 3 classes · 12 images" in texts(at)
+    captions = [caption for image in at.image for caption in image.proto.imgs]
+    assert [image.caption for image in captions] == ["circle", "square", "star"]
+
+    button(at, "Queue job").click().run()
+    assert queue.list_jobs(sqlite_engine)[0].spec["dataset"] == "shapes"
+
+
+def test_job_page_draws_a_long_series_as_min_max_buckets_and_the_lr_finder(sqlite_engine):
+    from db.telemetry import MetricPoint, write_metrics
+
+    job_id = queue.submit(sqlite_engine, {"name": "long", "lr": "find"})
+    losses = np.full(10_000, 1.0)
+    losses[7_777] = 50.0
+    points = [MetricPoint("batch/train_loss", i, float(v)) for i, v in enumerate(losses)]
+    points += [MetricPoint("lr_find/lr", i, 1e-6 * 10 ** (i / 10)) for i in range(50)]
+    points += [MetricPoint("lr_find/loss", i, 3.0 - i / 40) for i in range(50)]
+    points += [MetricPoint("lr_find/suggestion", 0, 2e-3)]
+    write_metrics(sqlite_engine, job_id, points)
+
+    at = open_page("pages/job.py", job=job_id)
+
+    drawn = {figure["layout"]["title"]["text"]: figure for figure in figures(at)}
+    title = "Train loss per batch · 10,000 points, drawn as the min/max of 2,000 buckets"
+    raw_line = values(drawn[title]["data"][0]["y"])
+    assert len(raw_line) == 4000 and raw_line.max() == 50.0
+    lr_find = drawn["Learning-rate finder"]
+    assert len(values(lr_find["data"][0]["x"])) == 50
+    assert lr_find["layout"]["shapes"][0]["x0"] == 2e-3
+
+
+def test_job_page_of_a_cuda_job_shows_its_device_and_memory(sqlite_engine):
+    from db.telemetry import MetricPoint, write_metrics
+
+    queue.submit(sqlite_engine, {"name": "gpu", "device": "cuda"})
+    claimed = queue.claim(sqlite_engine, "gpu-box")
+    queue.set_progress(
+        sqlite_engine,
+        claimed.lease,
+        epoch=1,
+        step=10,
+        total_epochs=3,
+        total_steps=30,
+        eta_seconds=20.0,
+        device="cuda:0 (NVIDIA H200)",
+    )
+    write_metrics(sqlite_engine, claimed.id, [MetricPoint("epoch/cuda_max_memory_mb", 0, 5120.0)])
+
+    at = open_page("pages/job.py", job=claimed.id)
+
+    assert "**Device:** cuda:0 (NVIDIA H200)" in texts(at)
+    assert {m.label: m.value for m in at.metric}["CUDA peak memory (latest epoch)"] == "5,120 MB"
+
+
+def test_the_log_can_be_searched(sqlite_engine):
+    live = seed.running_job(sqlite_engine)
+    at = open_page("pages/job.py", job=live.id)
+    at.text_input(key="job.log_search").input("VALID_LOSS").run()
+
+    log = at.code[-1].value
+    assert "epoch 0 done: valid_loss 1.2" in log
+    assert "claimed by worker" not in log
+    assert "1 of 1 lines matching 'VALID_LOSS'" in texts(at)
+
+
+def test_a_malformed_heartbeat_timeout_is_named_not_a_traceback(sqlite_engine, monkeypatch):
+    monkeypatch.setenv("TRAINDECK_HEARTBEAT_TIMEOUT", "soon")
+    register_worker(sqlite_engine, "w:1", "w", 1, "cpu")
+    at = open_page("pages/workers.py")
+    assert any("TRAINDECK_HEARTBEAT_TIMEOUT must be a number" in w.value for w in at.warning)
+    assert at.dataframe[0].value["state"].tolist() == ["alive (idle)"]
+
+
+def test_a_database_without_tables_gets_a_clear_message(data_dir, monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{data_dir / 'empty.db'}")
+    at = open_page("pages/jobs.py")
+    assert any("python -m db upgrade" in e.value for e in at.error)
