@@ -19,6 +19,7 @@ if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
 import streamlit as st  # noqa: E402
+from streamlit.runtime.pages_manager import PagesManager  # noqa: E402
 
 from dashboard import downloads  # noqa: E402
 from dashboard.nav import build_navigation  # noqa: E402
@@ -36,4 +37,9 @@ def run_page() -> None:
 if __name__ == "__main__":
     run_page()
 else:
+    # The pages are listed by st.navigation above. Streamlit would otherwise take the `pages/`
+    # folder beside this file for old-style pages until some session first runs this file:
+    # after a restart, a first visit straight to /job?job=4 would run that page alone,
+    # without the navigation, the database check or a sign-in gate.
+    PagesManager.uses_pages_directory = False
     app = st.App(__file__, routes=downloads.routes())

@@ -60,10 +60,9 @@ def _wait_until_healthy(base_url: str, server: subprocess.Popen, log: Path) -> N
 def dashboard_url(sqlite_engine, data_dir: Path, tmp_path: Path) -> Iterator[str]:
     port = _free_port()
     log = tmp_path / "streamlit.log"
+    # The console script, as the Procfile runs it (`python -m` would put the cwd on sys.path).
     command = [
-        sys.executable,
-        "-m",
-        "streamlit",
+        str(Path(sys.executable).parent / "streamlit"),
         "run",
         "dashboard/app.py",
         "--server.headless",
@@ -149,8 +148,12 @@ def test_submit_find_open_and_watch_the_chart_grow(
     page = browser_page
     engine = sqlite_engine
 
-    # Submit a job through the form.
+    # Submit a job through the form: the first visit after the start goes straight to a page,
+    # which must still come with the app's navigation.
     page.goto(f"{dashboard_url}/new_job")
+    navigation = page.get_by_test_id("stSidebarNav")
+    navigation.get_by_text("Training", exact=True).wait_for()
+    assert navigation.get_by_text("New job", exact=True).count() == 1
     page.get_by_label("Job name", exact=True).fill("browser run")
     epochs = page.get_by_label("Epochs", exact=True)
     epochs.fill("2")
