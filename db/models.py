@@ -177,3 +177,24 @@ class Dataset(Base):
     item_count: Mapped[int] = mapped_column(Integer, default=0)
     bad_files: Mapped[list[Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Result(Base):
+    """What a finished job's model does on its validation set, computed once by the worker.
+
+    `per_class` rows are {class, precision, recall, support}; `top_losses` rows are {path,
+    actual, predicted, probability, loss, thumbnail (base64 PNG)}; `predictions` rows are
+    [path, actual, predicted] for every validation image, in the order fastai saw them.
+    """
+
+    __tablename__ = "results"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    classes: Mapped[list[Any]]
+    confusion: Mapped[list[Any]]
+    per_class: Mapped[list[Any]]
+    top_losses: Mapped[list[Any]]
+    predictions: Mapped[list[Any]]
+    accuracy: Mapped[float] = mapped_column(Float)
+    valid_loss: Mapped[float] = mapped_column(Float)
