@@ -7,6 +7,7 @@ the host (its smoothed loss, its epoch log) or are plain Python numbers (the lea
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -19,6 +20,8 @@ from fastai.callback.schedule import LRFinder
 
 from db.telemetry import BATCH, EPOCH, MetricPoint
 from worker.reporter import Progress, TelemetryWriter
+
+log = logging.getLogger("worker.training")
 
 # fastai's epoch-log column names → traindeck's metric names (the `epoch/` prefix is added).
 EPOCH_COLUMN_NAMES = {"top_k_accuracy": "top5_accuracy"}
@@ -138,9 +141,9 @@ class TelemetryCallback(TrainedEpochCallback):
             return
         epoch = self.clock.global_epoch(self.epoch)
         now = time.time()
-        log = self.learn.recorder.log
+        values = self.learn.recorder.log
         names = self.learn.recorder.metric_names
-        for name, value in zip(names[1:], log[1:], strict=False):
+        for name, value in zip(names[1:], values[1:], strict=False):
             if name == "time" or value is None:
                 continue
             metric = EPOCH_COLUMN_NAMES.get(name, name)
@@ -159,7 +162,7 @@ class TelemetryCallback(TrainedEpochCallback):
         self._points = []
         step = (epoch + 1) * self.clock.steps_per_epoch
         self.writer.set_progress(self._progress(epoch + 1, step))
-        self.writer.add_event("info", self._epoch_line(epoch, names, log, seconds))
+        log.info("%s", self._epoch_line(epoch, names, values, seconds))
         self.writer.request_flush()
 
     def after_fit(self) -> None:
@@ -182,9 +185,9 @@ class TelemetryCallback(TrainedEpochCallback):
             device=self.device_label,
         )
 
-    def _epoch_line(self, epoch: int, names: list[str], log: list[Any], seconds: float) -> str:
+    def _epoch_line(self, epoch: int, names: list[str], values: list[Any], seconds: float) -> str:
         parts = [f"epoch {epoch + 1}/{self.clock.total_epochs}"]
-        for name, value in zip(names[1:], log[1:], strict=False):
+        for name, value in zip(names[1:], values[1:], strict=False):
             if name != "time" and value is not None:
                 parts.append(f"{EPOCH_COLUMN_NAMES.get(name, name)} {float(value):.4f}")
         parts.append(f"{seconds:.1f} s")
@@ -230,13 +233,12 @@ class XlaReportCallback(TrainedEpochCallback):
         elif warning := xla_report.compile_growth_warning(
             epoch - self.first_epoch_reported, self.previous, summary
         ):
-            self.writer.add_event("warning", warning)
+            log.warning("%s", warning)
         fallbacks = xla_report.new_fallbacks(self.previous, summary)
         if fallbacks:
             listed = ", ".join(f"aten::{op} ×{count}" for op, count in sorted(fallbacks.items()))
-            self.writer.add_event(
-                "warning",
-                f"ops fell back to the CPU (each one copies tensors device→host→device): {listed}",
+            log.warning(
+                "ops fell back to the CPU (each one copies tensors device→host→device): %s", listed
             )
         self.previous = summary
 

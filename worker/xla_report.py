@@ -55,16 +55,23 @@ def read_raw_report() -> str:
 def compile_growth_warning(
     epoch: int, previous: dict[str, Any] | None, current: dict[str, Any]
 ) -> str | None:
-    """A warning when graphs are still being compiled after the first epoch."""
-    if epoch < 1 or previous is None:
+    """A warning when graphs are still being compiled after the second trained epoch.
+
+    `epoch` counts from the first epoch this process trained. The first epoch compiles the
+    step and evaluation graphs, and XLA on the CPU was seen to compile one more evaluation
+    graph in the second epoch and then none; a count that still grows after that is a shape
+    or control-flow problem that recompiles for ever.
+    """
+    if epoch < 2 or previous is None:
         return None
     grown = current["compile_count"] - previous["compile_count"]
     if grown <= 0:
         return None
     return (
-        f"XLA compiled {grown} new graph(s) during epoch {epoch + 1}: shapes or control flow "
-        "change between steps (a partial batch, a Python-side branch on a tensor value, or "
-        "a changing hyper-parameter baked in as a constant). Each recompile stalls training."
+        f"XLA compiled {grown} new graph(s) during epoch {epoch + 1}, after the warm-up epochs: "
+        "shapes or control flow change between steps (a partial batch, a Python-side branch on "
+        "a tensor value, or a changing hyper-parameter baked in as a constant). Each recompile "
+        "stalls training."
     )
 
 

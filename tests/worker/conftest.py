@@ -1,0 +1,97 @@
+"""Helpers for the worker's tests: small real image sets and running `python -m worker`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from db.imagesets import ensure_digits, register_folder
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def digits_subset(data_dir: Path, per_class: int, classes: int = 10) -> Path:
+    """A folder-per-class copy of the first `per_class` digits of each of `classes` classes."""
+    source = ensure_digits(data_dir / "datasets")
+    target = data_dir / "subsets" / f"digits-{classes}x{per_class}"
+    for label in range(classes):
+        (target / str(label)).mkdir(parents=True, exist_ok=True)
+        for image in sorted((source / str(label)).glob("*.png"))[:per_class]:
+            shutil.copy(image, target / str(label) / image.name)
+    return target
+
+
+@pytest.fixture
+def small_digits(sqlite_engine: Engine, data_dir: Path) -> Callable[..., str]:
+    """Register a subset of the digits as a dataset; returns its name."""
+
+    def make(per_class: int = 40, classes: int = 10, name: str = "digits-small") -> str:
+        register_folder(sqlite_engine, name, digits_subset(data_dir, per_class, classes))
+        return name
+
+    return make
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    """The test's environment (DATABASE_URL, TRAINDECK_DATA set by fixtures) plus `extra`."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
+
+
+def run_worker(*args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *args],
+        cwd=REPO,
+        env=worker_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start_worker(*args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "worker", *args],
+        cwd=REPO,
+        env=worker_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def child_pids(supervisor_pid: int) -> list[int]:
+    """PIDs of the job processes a supervisor started."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == supervisor_pid and b"worker.job_process" in cmdline:
+            found.append(int(entry.name))
+    return found

@@ -1,0 +1,113 @@
+"""Fast tests of the worker's pieces that need no training run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from fastai.learner import AvgSmoothLoss
+
+from db.spec import JobSpec
+from tests.worker.conftest import REPO, run_worker, worker_env
+from worker import xla_report
+from worker.callbacks import RawLossTracker, TrainingClock
+from worker.devices import resolve_device
+from worker.training import schedule_phases, total_epochs
+
+
+def test_raw_loss_is_recovered_exactly_from_fastais_smoothed_loss():
+    smooth = AvgSmoothLoss(beta=0.98)
+    tracker = RawLossTracker()
+    losses = [2.3, 2.1, 5.0, 0.4, 0.39, 1.7, 0.01, 3.3] * 3
+    recovered = []
+    for index, loss in enumerate(losses):
+        if index == len(losses) // 2:
+            smooth.reset()  # a new fit: fastai resets the smoother
+        smooth.accumulate(SimpleNamespace(loss=torch.tensor(loss)))
+        recovered.append(tracker.raw_loss(smooth))
+    assert recovered == pytest.approx(losses, rel=1e-4, abs=1e-4)
+
+
+def test_training_clock_numbers_steps_across_phases():
+    clock = TrainingClock(total_epochs=3, steps_per_epoch=10)
+    assert clock.total_steps == 30
+    assert clock.global_step(0, 0) == 0 and clock.global_step(1, 9) == 19
+    clock.epoch_offset = 1  # fine_tune's second phase starts at global epoch 1
+    assert clock.global_epoch(0) == 1 and clock.global_step(1, 0) == 20
+
+
+def test_fine_tune_has_a_frozen_epoch_then_the_asked_epochs():
+    spec = JobSpec(schedule="fine_tune", epochs=4, pretrained=True)
+    frozen, unfrozen = schedule_phases(spec, 1e-3)
+    assert (frozen.frozen, frozen.epochs, frozen.offset) == (True, 1, 0)
+    assert (unfrozen.frozen, unfrozen.epochs, unfrozen.offset) == (False, 4, 1)
+    assert unfrozen.lr.stop == pytest.approx(5e-4)
+    assert total_epochs(spec) == 5
+    (only,) = schedule_phases(JobSpec(epochs=4), 1e-3)
+    assert (only.frozen, only.epochs, only.lr) == (False, 4, 1e-3)
+
+
+def test_compile_growth_warns_only_when_compiles_go_on_after_the_warm_up_epochs():
+    first = {"compile_count": 9, "aten_fallbacks": {}}
+    second = {"compile_count": 10, "aten_fallbacks": {}}
+    third = {"compile_count": 10, "aten_fallbacks": {"nonzero": 3}}
+    fourth = {"compile_count": 12, "aten_fallbacks": {"nonzero": 3}}
+    assert xla_report.compile_growth_warning(0, None, first) is None
+    assert xla_report.compile_growth_warning(1, first, second) is None
+    assert xla_report.compile_growth_warning(2, second, third) is None
+    assert "2 new graph" in xla_report.compile_growth_warning(3, third, fourth)
+    assert xla_report.new_fallbacks(second, third) == {"nonzero": 3}
+    assert xla_report.new_fallbacks(third, fourth) == {}
+
+
+def test_explicit_devices_are_kept_and_auto_finds_the_cpu_here(monkeypatch):
+    monkeypatch.delenv("PJRT_DEVICE", raising=False)
+    monkeypatch.delenv("TPU_ACCELERATOR_TYPE", raising=False)
+    assert resolve_device("xla") == "xla"
+    assert resolve_device("cuda") == "cuda"
+    assert resolve_device("auto") in ("cpu", "cuda")  # this machine has no TPU
+
+
+def test_the_supervisor_never_imports_torch():
+    probe = (
+        "import sys, worker.supervisor, worker.cli; "
+        "print(sorted(m for m in ('torch', 'torch_xla', 'fastai') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, env=worker_env(), capture_output=True,
+        text=True, check=True,
+    )  # fmt: skip
+    assert result.stdout.strip() == "[]"
+
+
+def test_once_on_an_empty_queue_exits_zero_with_a_message(sqlite_engine):
+    result = run_worker("--once", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "queue is empty" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        (["--device", "tpu"], "--device"),
+        (["--poll-interval", "0"], "--poll-interval"),
+        (["--poll-interval", "soon"], "--poll-interval"),
+        (["--max-jobs", "-1"], "--max-jobs"),
+        (["--worker-id", ""], "--worker-id"),
+    ],
+)
+def test_bad_flags_give_one_line_and_no_traceback(sqlite_engine, args, complaint):
+    result = run_worker(*args, timeout=60)
+    assert result.returncode == 2
+    assert complaint in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bad_heartbeat_setting_is_refused(sqlite_engine):
+    result = run_worker("--once", timeout=60, TRAINDECK_HEARTBEAT_TIMEOUT="soon")
+    assert result.returncode == 2
+    assert "TRAINDECK_HEARTBEAT_TIMEOUT" in result.stderr and "Traceback" not in result.stderr
