@@ -7,11 +7,15 @@
    growing no faster than the number of points.
 2. The jobs page's query (`db.jobs_table.job_rows`) with 1,000 jobs of 300 metric points each.
 
-    .venv/bin/python bench/dashboard.py [--quick]     (--quick: 10^4 and 10^5 points only)
+    .venv/bin/python bench/dashboard.py [--quick] [--postgres ADMIN_URL]
+        --quick: 10^4 and 10^5 points only
+        --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test: the same in a temporary
+        Postgres database as well
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
@@ -21,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
-from sqlalchemy import insert
+from sqlalchemy import create_engine, insert, text
 from tsdownsample import MinMaxLTTBDownsampler
 
 from dashboard.charts import batch_loss_figure
@@ -155,13 +159,30 @@ def jobs_page_figures(engine, jobs: int = 1000, points_per_job: int = 300) -> No
     print(f"  job_rows(status=succeeded): {took:.1f} ms ({shown} rows)")
 
 
+def run(engine) -> None:
+    upgrade(engine)
+    series_figures(engine)
+    jobs_page_figures(engine)
+    engine.dispose()
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="traindeck-bench-") as folder:
-        engine = create_db_engine(f"sqlite:///{folder}/bench.db")
-        upgrade(engine)
-        series_figures(engine)
-        jobs_page_figures(engine)
-        engine.dispose()
+        print("== SQLite")
+        run(create_db_engine(f"sqlite:///{folder}/bench.db"))
+    if "--postgres" in sys.argv:
+        admin_url = sys.argv[sys.argv.index("--postgres") + 1]
+        name = f"traindeck_bench_{os.getpid()}"
+        admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+        try:
+            print("\n== Postgres")
+            run(create_db_engine(admin_url.rsplit("/", 1)[0] + "/" + name))
+        finally:
+            with admin.connect() as connection:
+                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            admin.dispose()
 
 
 if __name__ == "__main__":

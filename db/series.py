@@ -6,11 +6,12 @@ consecutive steps, each with its first and last step, min, max, sum and count: t
 the raw line as the min/max envelope (a spike stays visible however far it is zoomed out) and a
 smoothed line from the means. A short series comes back point by point (buckets of one).
 
-How the buckets are computed was chosen by measuring 10^6 points on SQLite (`bench/dashboard.py`):
-fetching the raw rows costs 0.6–0.8 s in Python object creation alone, and a GROUP BY on
-`step / width` 0.45 s because SQLite sorts every row in a temporary B-tree. One indexed range
-query per bucket on the raw DB-API cursor reads the rows in index order and sorts nothing
-(about 0.2 s). Postgres aggregates a GROUP BY in a hash table, so it gets that one query.
+How the buckets are computed was chosen by measuring 10^6 points (`bench/dashboard.py`):
+on SQLite, fetching the raw rows costs 0.6 s (DB-API cursor) to 1.3 s (SQLAlchemy rows), and
+a GROUP BY on `step / width` 0.45 s because SQLite sorts every row in a temporary B-tree (and
+Postgres sorts them too: 0.33 s). One range query per bucket on a covering index reads the
+rows in index order and sorts nothing: about 0.2 s on either backend (SQLite: a loop on the
+raw DB-API cursor; Postgres: one statement, generate_series joined LATERAL).
 
 After the first read a page asks only for rows with an id above the last one it drew
 (`rows_since`, on the `(job_id, id)` index) and appends them.
@@ -19,10 +20,12 @@ After the first read a page asks only for rows with an id above the last one it 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import Connection, Engine, func, select, text
 
 from db.engine import is_sqlite, read_tx
 from db.models import Metric
@@ -140,6 +143,24 @@ class NewRows:
     complete: bool
 
 
+@contextmanager
+def _snapshot_tx(engine: Engine) -> Iterator[Connection]:
+    """A read-only transaction whose statements all see one snapshot of the database.
+
+    A SQLite read transaction is one already. Postgres reads each statement afresh under READ
+    COMMITTED, so it gets REPEATABLE READ: the series read after `_last_metric_id` then hold
+    exactly the rows up to that id, and no row filter on id keeps them out of the index.
+    """
+    if is_sqlite(engine):
+        with read_tx(engine) as connection:
+            yield connection
+        return
+    with engine.connect() as connection:
+        connection = connection.execution_options(isolation_level="REPEATABLE READ")
+        with connection.begin():
+            yield connection
+
+
 def _last_metric_id(connection: Connection, job_id: int) -> int:
     statement = select(func.max(Metric.id)).where(Metric.job_id == job_id)
     return connection.execute(statement).scalar() or 0
@@ -158,10 +179,8 @@ def _series_names(connection: Connection, job_id: int) -> list[str]:
         names.append(name)
 
 
-def _step_range(
-    connection: Connection, job_id: int, name: str, last_id: int
-) -> tuple[int, int] | None:
-    where = (Metric.job_id == job_id, Metric.name == name, Metric.id <= last_id)
+def _step_range(connection: Connection, job_id: int, name: str) -> tuple[int, int] | None:
+    where = (Metric.job_id == job_id, Metric.name == name)
     # Two single-aggregate subqueries: each is one index seek, where min() and max() side by
     # side would scan the whole series on SQLite.
     low = select(func.min(Metric.step)).where(*where).scalar_subquery()
@@ -172,10 +191,10 @@ def _step_range(
     return int(row[0]), int(row[1])
 
 
-def _raw_points(connection: Connection, job_id: int, name: str, last_id: int) -> Buckets:
+def _raw_points(connection: Connection, job_id: int, name: str) -> Buckets:
     statement = (
         select(Metric.step, Metric.value)
-        .where(Metric.job_id == job_id, Metric.name == name, Metric.id <= last_id)
+        .where(Metric.job_id == job_id, Metric.name == name)
         .order_by(Metric.step)
     )
     rows = connection.execute(statement).all()
@@ -185,85 +204,75 @@ def _raw_points(connection: Connection, job_id: int, name: str, last_id: int) ->
     return Buckets.from_points(steps.astype(np.int64), values)
 
 
-# The rows of one bucket, read from the covering index ix_metrics_series (job_id, name, step,
-# value). No `id <= last_id` here: a SQLite read transaction sees one snapshot, the same one
-# `last_id` was read from. The bucket's first and last step are its bounds (clipped to the
-# series' last step): asking for min(step) and max(step) as well costs a fifth more time.
+# Both backends aggregate each bucket with one range query on the covering index
+# ix_metrics_series (job_id, name, step, value), reading rows in index order and sorting
+# nothing. A bucket's first and last step are its bounds (the last clipped to the series' last
+# step): asking for min(step) and max(step) as well costs a fifth more time.
 _SQLITE_BUCKET_QUERY = (
     "SELECT min(value), max(value), sum(value), count(*) FROM metrics "
     "WHERE job_id = ? AND name = ? AND step >= ? AND step < ?"
+)
+_POSTGRES_BUCKETS_QUERY = text(
+    "SELECT bucket.start, agg.low, agg.high, agg.total, agg.count "
+    "FROM generate_series(CAST(:low AS bigint), CAST(:high AS bigint), CAST(:width AS bigint)) "
+    "AS bucket(start) "
+    "CROSS JOIN LATERAL ("
+    "  SELECT min(value) AS low, max(value) AS high, sum(value) AS total, count(*) AS count"
+    "  FROM metrics WHERE job_id = :job_id AND name = :name"
+    "  AND step >= bucket.start AND step < bucket.start + :width"
+    ") AS agg "
+    "WHERE agg.count > 0 ORDER BY bucket.start"
 )
 
 
 def _sqlite_buckets(
     connection: Connection, job_id: int, name: str, low: int, high: int, width: int
-) -> Buckets:
+) -> list[tuple]:
     # The raw DB-API cursor of this same read transaction: going through SQLAlchemy for each
     # of the ~2,000 small queries would cost more than the queries themselves.
     cursor = connection.connection.cursor()
     try:
         rows = []
         for start in range(low, high + 1, width):
-            end = start + width
-            low_value, high_value, total, count = cursor.execute(
-                _SQLITE_BUCKET_QUERY, (job_id, name, start, end)
-            ).fetchone()
-            if count:
-                rows.append((start, min(end - 1, high), low_value, high_value, total, count))
+            row = cursor.execute(_SQLITE_BUCKET_QUERY, (job_id, name, start, start + width))
+            rows.append((start, *row.fetchone()))
     finally:
         cursor.close()
-    return Buckets.from_rows(rows)
+    return [row for row in rows if row[4]]
 
 
-def _grouped_buckets(
-    connection: Connection, job_id: int, name: str, last_id: int, low: int, width: int
-) -> Buckets:
-    bucket = ((Metric.step - low) // width).label("bucket")
-    statement = (
-        select(
-            bucket,
-            func.min(Metric.step),
-            func.max(Metric.step),
-            func.min(Metric.value),
-            func.max(Metric.value),
-            func.sum(Metric.value),
-            func.count(),
-        )
-        .where(Metric.job_id == job_id, Metric.name == name, Metric.id <= last_id)
-        .group_by(bucket)
-        .order_by(bucket)
-    )
-    return Buckets.from_rows([tuple(row[1:]) for row in connection.execute(statement)])
+def _postgres_buckets(
+    connection: Connection, job_id: int, name: str, low: int, high: int, width: int
+) -> list[tuple]:
+    parameters = {"low": low, "high": high, "width": width, "job_id": job_id, "name": name}
+    return [tuple(row) for row in connection.execute(_POSTGRES_BUCKETS_QUERY, parameters)]
 
 
-def _read_series(
-    connection: Connection, job_id: int, name: str, last_id: int, max_buckets: int
-) -> Buckets:
-    step_range = _step_range(connection, job_id, name, last_id)
+def _read_series(connection: Connection, job_id: int, name: str, max_buckets: int) -> Buckets:
+    step_range = _step_range(connection, job_id, name)
     if step_range is None:
         return Buckets.empty()
     low, high = step_range
     if high - low + 1 <= 2 * max_buckets:
-        return _raw_points(connection, job_id, name, last_id)
+        return _raw_points(connection, job_id, name)
     width = math.ceil((high - low + 1) / max_buckets)
-    if is_sqlite(connection):
-        return _sqlite_buckets(connection, job_id, name, low, high, width)
-    return _grouped_buckets(connection, job_id, name, last_id, low, width)
+    read_buckets = _sqlite_buckets if is_sqlite(connection) else _postgres_buckets
+    rows = read_buckets(connection, job_id, name, low, high, width)
+    return Buckets.from_rows(
+        [
+            (start, min(start + width - 1, high), low_value, high_value, total, count)
+            for start, low_value, high_value, total, count in rows
+        ]
+    )
 
 
 def read_series(
-    engine: Engine,
-    job_id: int,
-    name: str,
-    max_buckets: int = DEFAULT_MAX_BUCKETS,
-    last_id: int | None = None,
+    engine: Engine, job_id: int, name: str, max_buckets: int = DEFAULT_MAX_BUCKETS
 ) -> Buckets:
-    """One series of a job (rows up to `last_id`, default all) in at most `max_buckets` buckets,
-    or point by point when it has at most twice that many steps."""
-    with read_tx(engine) as connection:
-        if last_id is None:
-            last_id = _last_metric_id(connection, job_id)
-        return _read_series(connection, job_id, name, last_id, max_buckets)
+    """One series of a job in at most `max_buckets` buckets, or point by point when it has at
+    most twice that many steps."""
+    with _snapshot_tx(engine) as connection:
+        return _read_series(connection, job_id, name, max_buckets)
 
 
 def snapshot(
@@ -272,14 +281,13 @@ def snapshot(
     max_buckets: int = DEFAULT_MAX_BUCKETS,
     names: list[str] | None = None,
 ) -> SeriesSnapshot:
-    """Every series of a job (or those in `names`), each read as by `read_series`."""
-    with read_tx(engine) as connection:
+    """Every series of a job (or those in `names`) as by `read_series`, and the id of the
+    newest row they hold, all from one snapshot of the database."""
+    with _snapshot_tx(engine) as connection:
         last_id = _last_metric_id(connection, job_id)
         if names is None:
             names = _series_names(connection, job_id)
-        series = {
-            name: _read_series(connection, job_id, name, last_id, max_buckets) for name in names
-        }
+        series = {name: _read_series(connection, job_id, name, max_buckets) for name in names}
     return SeriesSnapshot(last_id, {name: b for name, b in series.items() if len(b)})
 
 
