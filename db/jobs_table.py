@@ -49,14 +49,22 @@ class JobRow:
 
     @property
     def progress(self) -> float:
-        """How far the job is, 0..1 (a finished job that succeeded is at 1)."""
-        if self.status == "succeeded":
-            return 1.0
-        if self.total_steps > 0:
-            return min(1.0, self.step / self.total_steps)
-        if self.total_epochs > 0:
-            return min(1.0, self.epoch / self.total_epochs)
-        return 0.0
+        return progress_fraction(
+            self.status, self.epoch, self.step, self.total_epochs, self.total_steps
+        )
+
+
+def progress_fraction(
+    status: str, epoch: int, step: int, total_epochs: int, total_steps: int
+) -> float:
+    """How far a job is, 0..1: by steps when the worker knows their total, else by epochs."""
+    if status == "succeeded":
+        return 1.0
+    if total_steps > 0:
+        return min(1.0, step / total_steps)
+    if total_epochs > 0:
+        return min(1.0, epoch / total_epochs)
+    return 0.0
 
 
 def _latest(name: str) -> Any:

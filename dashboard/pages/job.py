@@ -22,7 +22,7 @@ from dashboard.format import between, duration, size
 from dashboard.live import LiveJob
 from dashboard.state import get_engine
 from db.artifacts import list_artifacts
-from db.jobs_table import job_rows
+from db.jobs_table import job_rows, progress_fraction
 from db.models import FINISHED_STATUSES, Job
 from db.queue import JobNotFound, get_job
 
@@ -30,13 +30,6 @@ REFRESH_S = 2
 LIVE_KEY = "job.live"
 DRAWN_STATUS_KEY = "job.drawn_status"
 LOG_LINES_SHOWN = 300
-STATUS_ICONS = {
-    "queued": ":material/schedule:",
-    "running": ":material/play_circle:",
-    "succeeded": ":material/check_circle:",
-    "failed": ":material/error:",
-    "cancelled": ":material/cancel:",
-}
 
 
 def chosen_job_id() -> int | None:
@@ -79,28 +72,20 @@ def show_progress(job: Job) -> None:
     else:
         columns[3].metric("Duration", duration(between(job.started_at, job.finished_at)) or "–")
     columns[4].metric("Attempt", f"{job.attempts} / {job.max_attempts}")
-    if job.total_steps:
-        fraction = min(1.0, job.step / job.total_steps)
-    elif job.total_epochs:
-        fraction = min(1.0, job.epoch / job.total_epochs)
-    else:
-        fraction = 0.0
-    if job.status == "succeeded":
-        fraction = 1.0
+    fraction = progress_fraction(job.status, job.epoch, job.step, job.total_epochs, job.total_steps)
     st.progress(fraction, text=f"{fraction:.0%}")
-    where = ", ".join(
-        part
-        for part in (
-            f"device {job.device}" if job.device else "",
-            f"worker {job.worker_id}" if job.worker_id else "",
-        )
-        if part
-    )
+    where = []
+    if job.device:
+        where.append(f"device {job.device}")
+    if job.worker_id:
+        where.append(f"worker {job.worker_id}")
     if where:
-        st.caption(where)
+        st.caption(", ".join(where))
 
 
 def show_failure(job: Job) -> None:
+    if job.status == "cancelled" and job.error:
+        st.info(f"Cancelled: {job.error}")
     if job.status != "failed" or not job.error:
         return
     lines = job.error.strip().splitlines()
