@@ -41,6 +41,7 @@ from worker.callbacks import (
 )
 from worker.data import build_dataloaders, drop_undecodable, load_items
 from worker.reporter import TelemetryWriter
+from worker.results import record_results
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +297,9 @@ def run(ctx: TrainingContext) -> Path:
         ctx.engine, ctx.lease.job_id, "checkpoint", checkpoint.checkpoint_path(ctx.job_dir)
     )
     log.info("exported the model to %s", export)
+    record_results(ctx, learn)
+    if ctx.stop.is_set():
+        raise StopRequested()
     return export
 
 
@@ -339,6 +343,7 @@ def export_model(learn: Learner, job_dir: Path) -> Path:
     learn.model.to("cpu")
     learn.dls.to(torch.device("cpu"))
     learn.opt = None
+    learn.logger = print  # not `_no_print`: the pickle must not name worker code to load
     final = job_dir / EXPORT_NAME
     temporary = job_dir / f".{EXPORT_NAME}.{os.getpid()}.tmp"
     try:

@@ -1,0 +1,91 @@
+"""A job's recorded files, read back only as the bytes the worker recorded.
+
+An exported `.pkl` is a pickle: unpickling it runs whatever code the file names. So a reader
+takes the file's bytes once, hashes those very bytes, and hands them on only when the hash is
+the SHA-256 recorded in `artifacts` when the worker wrote the file. Checking the file and then
+opening it again by path would leave a moment in which the file could be swapped.
+
+Both the dashboard and `python -m worker predict` load exports through here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from db.artifacts import get_artifact
+from db.models import Artifact
+from db.queue import JobNotFound, get_job
+
+ARTIFACT_WORDS = {"export": "exported model", "model_card": "model card"}
+
+
+class ArtifactUnavailable(ValueError):
+    """The file cannot be used; the message says why, in words a person can act on."""
+
+
+class ArtifactTampered(ArtifactUnavailable):
+    """The file on disk is not the one the worker recorded."""
+
+
+def _words(kind: str) -> str:
+    return ARTIFACT_WORDS.get(kind, kind)
+
+
+def recorded_artifact(engine: Engine, job_id: int, kind: str = "export") -> Artifact:
+    """The job's recorded artifact of `kind`, or ArtifactUnavailable saying why there is none."""
+    try:
+        job = get_job(engine, job_id)
+    except JobNotFound:
+        raise ArtifactUnavailable(f"there is no job #{job_id}") from None
+    artifact = get_artifact(engine, job_id, kind)
+    if artifact is not None:
+        return artifact
+    if job.status != "succeeded":
+        raise ArtifactUnavailable(
+            f"job #{job_id} is {job.status}: only a job that succeeded has an {_words(kind)}"
+        )
+    raise ArtifactUnavailable(f"job #{job_id} has no {_words(kind)} recorded")
+
+
+def _not_here(artifact: Artifact) -> ArtifactUnavailable:
+    return ArtifactUnavailable(
+        f"the {_words(artifact.kind)} of job #{artifact.job_id} ({artifact.path}) is not on "
+        "this machine"
+    )
+
+
+def artifact_stat(artifact: Artifact) -> os.stat_result:
+    """The file's size and times (for a cache key), or ArtifactUnavailable if it is gone."""
+    try:
+        return Path(artifact.path).stat()
+    except FileNotFoundError:
+        raise _not_here(artifact) from None
+    except OSError as exc:
+        raise ArtifactUnavailable(f"cannot read {artifact.path}: {exc.strerror}") from None
+
+
+def read_verified(artifact: Artifact) -> bytes:
+    """The file's bytes, read once, if their SHA-256 is the recorded one; else refuse."""
+    try:
+        data = Path(artifact.path).read_bytes()
+    except FileNotFoundError:
+        raise _not_here(artifact) from None
+    except OSError as exc:
+        raise ArtifactUnavailable(f"cannot read {artifact.path}: {exc.strerror}") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != artifact.sha256:
+        refusal = (
+            "refusing to load it: an export is a pickle, and a changed one could run any code"
+            if artifact.kind == "export"
+            else "refusing to use it"
+        )
+        raise ArtifactTampered(
+            f"the {_words(artifact.kind)} of job #{artifact.job_id} ({artifact.path}) is not the "
+            f"file the worker recorded: its SHA-256 is {digest[:16]}…, the recorded one "
+            f"{artifact.sha256[:16]}…; {refusal}"
+        )
+    return data
