@@ -22,9 +22,13 @@ COUNTERS = {
 }
 
 
+WARM_UP_EPOCHS = 2
+
+
 @dataclass(frozen=True)
 class XlaEpoch:
     epoch: int
+    process_epoch: int  # counted from the first epoch of the process that trained it
     compiles: float
     compile_s: float
     executes: float
@@ -62,7 +66,10 @@ def last_report_per_epoch(reports: Sequence[tuple[int, Mapping[str, Any]]]) -> d
 def per_epoch(reports: Sequence[tuple[int, Mapping[str, Any]]]) -> list[XlaEpoch]:
     rows = []
     previous: Mapping[str, Any] = {}
+    process_epoch = 0
     for epoch, summary in last_report_per_epoch(reports).items():
+        if _number(summary, "compile_count") < _number(previous, "compile_count"):
+            process_epoch = 0  # the counters restarted: a new process took the job on
         growth = {
             field: _growth(_number(summary, key), _number(previous, key))
             for field, key in COUNTERS.items()
@@ -71,30 +78,38 @@ def per_epoch(reports: Sequence[tuple[int, Mapping[str, Any]]]) -> list[XlaEpoch
         fallback_calls = sum(
             _growth(count, before.get(op, 0.0)) for op, count in _fallbacks(summary).items()
         )
-        rows.append(XlaEpoch(epoch=epoch, fallback_calls=fallback_calls, **growth))
+        rows.append(
+            XlaEpoch(
+                epoch=epoch, process_epoch=process_epoch, fallback_calls=fallback_calls, **growth
+            )
+        )
         previous = summary
+        process_epoch += 1
     return rows
 
 
-def first_stable_epoch(schedule: str | None) -> int:
-    """The first epoch that should compile nothing new.
+def is_warm_up(row: XlaEpoch, schedule: str | None) -> bool:
+    """Whether new compiles are expected in this epoch.
 
-    The first epoch compiles the training and validation graphs; fine_tune trains a frozen
-    body for one epoch and then unfreezes it, which is a new graph in its second epoch.
+    A process compiles the step and evaluation graphs in its first epoch, and XLA was seen to
+    compile one more evaluation graph in its second (the worker's measurement, see
+    `worker/xla_report.py`). fine_tune trains a frozen body in epoch 0 and unfreezes it: new
+    graphs in epoch 1, and that phase's extra evaluation graph in epoch 2.
     """
-    return 2 if schedule == "fine_tune" else 1
+    if row.process_epoch < WARM_UP_EPOCHS:
+        return True
+    return schedule == "fine_tune" and row.epoch <= WARM_UP_EPOCHS
 
 
 def recompile_warning(epochs: Sequence[XlaEpoch], schedule: str | None) -> str | None:
-    """A sentence when graphs keep compiling after the first epoch(s), else None."""
-    stable_from = first_stable_epoch(schedule)
-    growing = [row for row in epochs if row.epoch >= stable_from and row.compiles > 0]
+    """A sentence when graphs keep compiling after the warm-up epochs, else None."""
+    growing = [row for row in epochs if row.compiles > 0 and not is_warm_up(row, schedule)]
     if not growing:
         return None
     listed = ", ".join(f"{row.compiles:.0f} in epoch {row.epoch}" for row in growing[:6])
     more = f" and {len(growing) - 6} more epochs" if len(growing) > 6 else ""
     return (
-        f"XLA keeps compiling new graphs after the first epoch: {listed}{more}. "
+        f"XLA keeps compiling new graphs after the warm-up epochs: {listed}{more}. "
         "Every compile stalls training. Usual causes: tensor shapes that change between batches "
         "(a last partial batch, images of different sizes), Python values that change each "
         "step baked into the graph, or a `.item()`/print forcing a sync mid-step."

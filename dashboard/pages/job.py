@@ -152,6 +152,22 @@ def small_figures(live: LiveJob) -> list[tuple[str, go.Figure]]:
     return figures
 
 
+def xla_table(epochs: list[xla.XlaEpoch]) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "epoch": [row.epoch for row in epochs],
+            "compiles": [row.compiles for row in epochs],
+            "compile s": [row.compile_s for row in epochs],
+            "executions": [row.executes for row in epochs],
+            "execute s": [row.execute_s for row in epochs],
+            "to device s": [row.to_device_s for row in epochs],
+            "from device s": [row.from_device_s for row in epochs],
+            "device syncs": [row.device_syncs for row in epochs],
+            "CPU fallback calls": [row.fallback_calls for row in epochs],
+        }
+    )
+
+
 def diagnostics_tab(engine: Engine, job: Job, live: LiveJob) -> None:
     st.markdown(f"**Device:** {job.device or 'not known yet (the worker reports it at start)'}")
     memory = live.get("epoch/cuda_max_memory_mb")
@@ -168,7 +184,7 @@ def diagnostics_tab(engine: Engine, job: Job, live: LiveJob) -> None:
     if warning:
         st.warning(warning, icon=":material/warning:")
     else:
-        st.success("The compile count stopped growing after the first epoch.")
+        st.success("No new XLA graphs after the warm-up epochs.")
     numbers = [row.epoch for row in epochs]
     left, right = st.columns(2)
     left.plotly_chart(
@@ -189,7 +205,7 @@ def diagnostics_tab(engine: Engine, job: Job, live: LiveJob) -> None:
         ),
         key="chart.xla_times",
     )
-    st.dataframe(pd.DataFrame([row.__dict__ for row in epochs]), hide_index=True, width="stretch")
+    st.dataframe(xla_table(epochs), hide_index=True, width="stretch")
     st.markdown("**Ops that fell back to the CPU** (each call leaves the XLA device)")
     fallbacks = xla.fallback_rows(live.xla)
     if fallbacks:

@@ -85,7 +85,7 @@ def test_per_epoch_figures_are_differences_of_the_last_report_of_each_epoch():
     assert [row.compile_s for row in epochs] == [30.0, 0.0, 2.5]
     assert [row.fallback_calls for row in epochs] == [2, 4, 1]
     assert xla.recompile_warning(epochs, "one_cycle").startswith(
-        "XLA keeps compiling new graphs after the first epoch: 1 in epoch 2."
+        "XLA keeps compiling new graphs after the warm-up epochs: 1 in epoch 2."
     )
     rows = xla.fallback_rows(reports)
     assert rows == [
@@ -94,13 +94,17 @@ def test_per_epoch_figures_are_differences_of_the_last_report_of_each_epoch():
     ]
 
 
-def test_a_retried_job_restarts_its_counters_and_fine_tune_may_compile_twice():
-    reports = [(0, xla_summary(10)), (1, xla_summary(14)), (2, xla_summary(3))]
-    epochs = xla.per_epoch(reports)
-    assert [row.compiles for row in epochs] == [10, 4, 3]  # epoch 2 ran in a new process
-    assert "4 in epoch 1" in xla.recompile_warning(epochs, "one_cycle")
-    assert "4 in epoch 1" not in xla.recompile_warning(epochs, "fine_tune")
-    assert xla.recompile_warning(xla.per_epoch(reports[:2]), "fine_tune") is None
+def test_warm_up_epochs_restart_with_a_new_process_and_fine_tune_has_more():
+    compiles = [10, 11, 15, 2, 2, 5]  # a retried job: a new process from epoch 3 on
+    epochs = xla.per_epoch([(epoch, xla_summary(count)) for epoch, count in enumerate(compiles)])
+
+    assert [row.compiles for row in epochs] == [10, 1, 4, 2, 0, 3]
+    assert [row.process_epoch for row in epochs] == [0, 1, 2, 0, 1, 2]
+    one_cycle = xla.recompile_warning(epochs, "one_cycle")
+    assert "4 in epoch 2, 3 in epoch 5." in one_cycle
+    fine_tune = xla.recompile_warning(epochs, "fine_tune")
+    assert "after the warm-up epochs: 3 in epoch 5." in fine_tune
+    assert xla.recompile_warning(epochs[:2], "one_cycle") is None
 
 
 def test_reports_with_missing_or_odd_values_do_not_break_the_panel():
