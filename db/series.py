@@ -168,15 +168,19 @@ def _last_metric_id(connection: Connection, job_id: int) -> int:
 
 def _series_names(connection: Connection, job_id: int) -> list[str]:
     """The job's metric names, each found by one index seek (no scan of all its rows)."""
-    names: list[str] = []
-    while True:
+
+    def name_after(previous: str | None) -> str | None:
         statement = select(Metric.name).where(Metric.job_id == job_id)
-        if names:
-            statement = statement.where(Metric.name > names[-1])
-        name = connection.execute(statement.order_by(Metric.name).limit(1)).scalar()
-        if name is None:
-            return names
+        if previous is not None:
+            statement = statement.where(Metric.name > previous)
+        return connection.execute(statement.order_by(Metric.name).limit(1)).scalar()
+
+    names: list[str] = []
+    name = name_after(None)
+    while name is not None:
         names.append(name)
+        name = name_after(name)
+    return names
 
 
 def _step_range(connection: Connection, job_id: int, name: str) -> tuple[int, int] | None:
