@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m worker",
         description="Claim training jobs from the queue and run them, one at a time.",
+        epilog="python -m worker predict --job ID IMAGE… classifies images with a finished "
+        "job's exported model (see python -m worker predict --help).",
     )
     parser.add_argument(
         "--once",
@@ -84,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["predict"]:
+        from worker import predict  # imports fastai, which the supervisor itself never needs
+
+        return predict.main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
