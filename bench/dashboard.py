@@ -22,7 +22,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+BENCH = Path(__file__).resolve().parent
+# The repository on sys.path instead of bench/, whose queue.py would shadow the standard
+# library's `queue` module (psycopg imports it).
+sys.path[:] = [str(BENCH.parent)] + [p for p in sys.path if Path(p or ".").resolve() != BENCH]
 
 import numpy as np
 from sqlalchemy import create_engine, insert, text
