@@ -11,26 +11,21 @@ job's claim time minus its submit time is measured. Every run also counts double
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# Run as a script, this file's folder comes first on sys.path, and this file's name would
-# shadow the standard library's `queue` module (psycopg imports it): drop that entry.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
 import argparse
 import json
 import random
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
+import _setup
 from sqlalchemy import create_engine, text
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+REPO = _setup.REPO
 
 from db import queue
 from db.engine import create_db_engine
