@@ -20,6 +20,7 @@ from dashboard import actions, charts, xla
 from dashboard.downloads import link_for
 from dashboard.format import between, duration, size
 from dashboard.live import LiveJob
+from dashboard.results_view import render_results
 from dashboard.state import get_engine
 from db.artifacts import list_artifacts
 from db.jobs_table import job_rows, progress_fraction
@@ -265,6 +266,7 @@ def artifacts_tab(engine: Engine, job: Job, live: LiveJob) -> None:
 # (title, render(engine, job, live)): the job page's tabs, in order.
 JOB_TABS: list[tuple[str, Callable[[Engine, Job, LiveJob], None]]] = [
     ("Curves", curves_tab),
+    ("Results", lambda engine, job, _live: render_results(engine, job.id)),
     ("Diagnostics", diagnostics_tab),
     ("Log", log_tab),
     ("Spec", spec_tab),
