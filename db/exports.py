@@ -46,7 +46,8 @@ def recorded_artifact(engine: Engine, job_id: int, kind: str = "export") -> Arti
         return artifact
     if job.status != "succeeded":
         raise ArtifactUnavailable(
-            f"job #{job_id} is {job.status}: only a job that succeeded has an {_words(kind)}"
+            f"job #{job_id} has no {_words(kind)}: it is {job.status}, and only a job that "
+            "succeeds gets one"
         )
     raise ArtifactUnavailable(f"job #{job_id} has no {_words(kind)} recorded")
 
