@@ -2,8 +2,8 @@
 
 This one file plays two parts:
 - `streamlit run` finds the `st.App` assignment below, imports this file as a module and serves
-  that ASGI app: the Streamlit pages plus the route that streams artifacts from disk
-  (`dashboard.downloads`);
+  that ASGI app: the Streamlit pages, the route that streams artifacts from disk
+  (`dashboard.downloads`) and the sign-in pages, all behind the sign-in gate (`dashboard.auth`);
 - for every browser session Streamlit then runs this same file as the page script
   (`__name__ == "__main__"`): it builds the navigation and runs the chosen page.
 """
@@ -19,18 +19,19 @@ if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
 import streamlit as st  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
 from streamlit.runtime.pages_manager import PagesManager  # noqa: E402
 
-from dashboard import downloads  # noqa: E402
+from dashboard import auth, downloads  # noqa: E402
 from dashboard.nav import build_navigation  # noqa: E402
 from dashboard.state import require_database  # noqa: E402
 
 
 def run_page() -> None:
     st.set_page_config(page_title="traindeck", page_icon=":material/model_training:", layout="wide")
+    auth.require_sign_in()
     page = build_navigation()
     require_database()
-    # A sign-in gate goes here: one call that stops the run unless the person may see the pages.
     page.run()
 
 
@@ -42,4 +43,9 @@ else:
     # after a restart, a first visit straight to /job?job=4 would run that page alone,
     # without the navigation, the database check or a sign-in gate.
     PagesManager.uses_pages_directory = False
-    app = st.App(__file__, routes=downloads.routes())
+    # The sign-in gate stands in front of every route: pages, websocket, media and downloads.
+    app = st.App(
+        __file__,
+        routes=[*downloads.routes(), *auth.routes()],
+        middleware=[Middleware(auth.SignInGate)],
+    )

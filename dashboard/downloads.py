@@ -4,8 +4,9 @@
 hundreds of megabytes. Instead the job page asks `link_for` for a link: an unguessable token
 that names one recorded file for a limited time. The route (`routes()`, served by the `st.App`
 in `dashboard/app.py`) streams that file in chunks with its SHA-256 in a `Repr-Digest` header.
-A token is only handed out by a page, so any sign-in gate in front of the pages guards the
-downloads too.
+Where sign-in is required, the sign-in gate (`dashboard.auth.SignInGate`) stands in front of
+this route too, and each link is bound to the sign-in that got it: another browser, or the same
+one after signing out, is refused even with the token.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from dashboard import auth
+
 ROUTE_PREFIX = "/downloads/"
 LINK_LIFETIME_S = 3600.0
 # A page keeps showing a link while it is valid for at least this long, else it issues anew.
@@ -33,23 +36,29 @@ class _Link:
     file_name: str
     sha256: str
     expires_at: float
+    # The sign-in that may use the link (`dashboard.auth` identity); None where none is needed.
+    owner: str | None
 
 
 _links: dict[str, _Link] = {}
-_token_by_file: dict[tuple[str, str], str] = {}
+_token_by_file: dict[tuple[str, str, str | None], str] = {}
 _lock = threading.Lock()
 
 
 def link_for(path: Path, file_name: str, sha256: str) -> str:
-    """The URL path that downloads `path` as `file_name`, valid for about an hour."""
+    """The URL path that downloads `path` as `file_name`, valid for about an hour.
+
+    Called from a page script: the link works only for the browser signed in as this session.
+    """
+    owner = auth.session_identity()
     now = time.monotonic()
-    key = (str(path), sha256)
+    key = (str(path), sha256, owner)
     with _lock:
         _forget_expired(now)
         token = _token_by_file.get(key)
         if token is None or _links[token].expires_at - now < MIN_REMAINING_S:
             token = secrets.token_urlsafe(24)
-            _links[token] = _Link(path, file_name, sha256, now + LINK_LIFETIME_S)
+            _links[token] = _Link(path, file_name, sha256, now + LINK_LIFETIME_S, owner)
             _token_by_file[key] = token
     return ROUTE_PREFIX + token
 
@@ -58,7 +67,7 @@ def _forget_expired(now: float) -> None:
     for token, link in list(_links.items()):
         if link.expires_at <= now:
             del _links[token]
-            _token_by_file.pop((str(link.path), link.sha256), None)
+            _token_by_file.pop((str(link.path), link.sha256, link.owner), None)
 
 
 def _lookup(token: str) -> _Link | None:
@@ -76,6 +85,15 @@ async def serve_download(request: Request) -> Response:
             "This download link has expired or is unknown; reload the job page for a new one.",
             status_code=404,
         )
+    if link.owner is not None:
+        current = auth.policy()
+        if auth.identity_from_cookies(request.cookies, current) != link.owner:
+            return PlainTextResponse(
+                "This download link belongs to another sign-in. Sign in and open the job page "
+                "for a link of your own.",
+                status_code=403,
+                headers={"Cache-Control": "no-store"},
+            )
     if not link.path.is_file():
         return PlainTextResponse(
             f"The file {link.file_name} is no longer on this machine.", status_code=410
