@@ -285,7 +285,7 @@ def show_prediction(data: bytes, prediction: Prediction) -> None:
         picture.image(data, width=UPLOAD_PREVIEW_WIDTH)
         best = prediction.top[0]
         numbers.markdown(
-            f"**{best.label}** · {best.probability:.1%} · `{prediction.name}` · "
+            f"**{best.label}** · {best.probability:.2%} · `{prediction.name}` · "
             f"{prediction.latency_s * 1000:.1f} ms"
         )
         numbers.dataframe(

@@ -3,7 +3,7 @@
 One line per image, the top class first, then its probability, the image, the runners-up and
 the time the image took (decode + model):
 
-    7    98.1%    digits/7/0007.png    1 1.2%, 9 0.3%    12.4 ms
+    7    98.12%    digits/7/0007.png    1 1.21%, 9 0.30%    12.4 ms
 
 `--json` prints the same as one JSON object. The export is loaded only if its SHA-256 is the
 one the worker recorded (`db.exports`); a file that is not an image gets a message on stderr,
@@ -87,11 +87,11 @@ def predict_file(model: LoadedModel, name: str, top_k: int) -> Prediction:
 
 def format_line(prediction: Prediction) -> str:
     best = prediction.top[0]
-    runners_up = ", ".join(f"{score.label} {score.probability:.1%}" for score in prediction.top[1:])
+    runners_up = ", ".join(f"{score.label} {score.probability:.2%}" for score in prediction.top[1:])
     return "\t".join(
         [
             best.label,
-            f"{best.probability:.1%}",
+            f"{best.probability:.2%}",
             prediction.name,
             runners_up or "-",
             f"{prediction.latency_s * 1000:.1f} ms",
