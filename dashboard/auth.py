@@ -67,6 +67,7 @@ from streamlit.web.server.starlette.starlette_server_config import USER_COOKIE_N
 PASSWORD_HASH_ENV = "TRAINDECK_PASSWORD_HASH"
 AUTH_MODE_ENV = "TRAINDECK_AUTH"
 SESSION_HOURS_ENV = "TRAINDECK_SESSION_HOURS"
+ALLOWED_USERS_ENV = "TRAINDECK_ALLOWED_USERS"
 SESSION_COOKIE = "traindeck_session"
 SIGNIN_PATH = "/signin"
 SIGNOUT_PATH = "/signout"
@@ -352,9 +353,8 @@ def _password_session(value: str | None, password: PasswordHash | None) -> str |
     return sid
 
 
-def _oidc_identity(cookies: Mapping[str, str]) -> str | None:
-    """`oidc:<provider>:<subject>` from Streamlit's signed identity cookie, else None."""
-
+def _oidc_user(cookies: Mapping[str, str]) -> dict | None:
+    """The user in Streamlit's signed identity cookie (set by its OIDC callback), else None."""
     secret = _cookie_secret()
 
     def single(name: str) -> bytes | None:
@@ -372,10 +372,34 @@ def _oidc_identity(cookies: Mapping[str, str]) -> str | None:
         return None
     if payload.get("origin") != get_origin_from_redirect_uri():
         return None
-    subject = payload.get("sub") or payload.get("email")
-    if not subject:
+    if not (payload.get("sub") or payload.get("email")):
         return None
-    return f"oidc:{payload.get('provider', 'default')}:{subject}"
+    return payload
+
+
+def allowed_users() -> set[str]:
+    """TRAINDECK_ALLOWED_USERS: e-mail addresses and `@domain`s; empty lets anyone in."""
+    text = os.environ.get(ALLOWED_USERS_ENV, "")
+    return {entry.strip().lower() for entry in text.replace(",", " ").split() if entry.strip()}
+
+
+def user_allowed(user: Mapping[str, object]) -> bool:
+    """Whether an OIDC user is on TRAINDECK_ALLOWED_USERS (by a verified e-mail address)."""
+    allowed = allowed_users()
+    if not allowed:
+        return True
+    email = str(user.get("email") or "").strip().lower()
+    if not email or user.get("email_verified") is False or "@" not in email:
+        return False
+    return email in allowed or "@" + email.rsplit("@", 1)[1] in allowed
+
+
+def _oidc_identity(cookies: Mapping[str, str]) -> str | None:
+    """`oidc:<provider>:<subject>` for an allowed user signed in through OIDC, else None."""
+    user = _oidc_user(cookies)
+    if user is None or not user_allowed(user):
+        return None
+    return f"oidc:{user.get('provider', 'default')}:{user.get('sub') or user.get('email')}"
 
 
 def identity_from_cookies(cookies: Mapping[str, str], current: Policy) -> str | None:
@@ -534,6 +558,8 @@ def signin_page(current: Policy, next_path: str, message: str | None = None) -> 
             "<button type=submit>Sign in</button></form>"
         )
     if current.oidc_providers:
+        if message and ALLOWED_USERS_ENV in message:
+            parts.append(f'<p><a href="{SIGNOUT_PATH}">Sign out of that account</a></p>')
         for provider in current.oidc_providers:
             label = "Sign in" if provider == "default" else f"Sign in with {provider.title()}"
             href = "/auth/login?provider=" + quote(encode_provider_token(provider))
@@ -580,6 +606,14 @@ class SignInRoutes:
         if request.method == "GET":
             if identity_from_cookies(request.cookies, current):
                 return RedirectResponse(next_path, status_code=303)
+            refused = _oidc_user(request.cookies) if current.oidc_providers else None
+            if refused is not None:
+                who = refused.get("email") or refused.get("sub")
+                message = (
+                    f"{who} may not use this dashboard ({ALLOWED_USERS_ENV}). "
+                    "Sign out of that account below, then sign in with another."
+                )
+                return HTMLResponse(signin_page(current, next_path, message), status_code=403)
             return HTMLResponse(signin_page(current, next_path))
 
         form = await _read_form(request)

@@ -43,7 +43,12 @@ def password_hash() -> str:
 
 @pytest.fixture(autouse=True)
 def _no_auth_settings_from_outside(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (auth.PASSWORD_HASH_ENV, auth.AUTH_MODE_ENV, auth.SESSION_HOURS_ENV):
+    for name in (
+        auth.PASSWORD_HASH_ENV,
+        auth.AUTH_MODE_ENV,
+        auth.SESSION_HOURS_ENV,
+        auth.ALLOWED_USERS_ENV,
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -434,6 +439,34 @@ def test_oidc_sign_in_is_read_from_streamlits_signed_identity_cookie(oidc_secret
         assert client.get("/jobs").status_code == 401
         client.cookies.set(USER_COOKIE_NAME, _streamlit_user_cookie(user))
         assert client.get("/jobs").text == "the jobs page"
+
+
+def test_oidc_users_can_be_limited_to_addresses_and_domains(
+    oidc_secrets: None, monkeypatch: pytest.MonkeyPatch
+):
+    current = auth.policy("0.0.0.0", use_config=False)
+    monkeypatch.setenv(auth.ALLOWED_USERS_ENV, "@example.com, grace@navy.mil")
+    base = {"origin": "http://localhost:8501", "is_logged_in": True, "provider": "default"}
+
+    def identity(**user: object) -> str | None:
+        cookie = _streamlit_user_cookie(base | user)
+        return auth.identity_from_cookies({USER_COOKIE_NAME: cookie}, current)
+
+    assert identity(sub="1", email="Ada@Example.com") == "oidc:default:1"
+    assert identity(sub="2", email="grace@navy.mil", email_verified=True) == "oidc:default:2"
+    assert identity(sub="3", email="mallory@example.org") is None
+    assert identity(sub="4", email="eve@example.com", email_verified=False) is None
+    assert identity(sub="5") is None  # no e-mail address to check
+
+    with TestClient(_app(current), follow_redirects=False) as client:
+        client.cookies.set(
+            USER_COOKIE_NAME, _streamlit_user_cookie(base | {"sub": "3", "email": "m@evil.org"})
+        )
+        assert client.get("/jobs").status_code == 401
+        page = client.get("/signin")
+        assert page.status_code == 403
+        assert "m@evil.org may not use this dashboard" in page.text
+        assert 'href="/signout"' in page.text
 
 
 # --- the gate inside the page script (AppTest) ------------------------------------------------
