@@ -86,8 +86,8 @@ def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
             raise UserError(f"--spec: {path} is not UTF-8 text") from None
         try:
             data = json.loads(text)
-        except json.JSONDecodeError:
-            spec_from_json(text)  # raises SpecError with the position of the mistake
+        except (json.JSONDecodeError, RecursionError):
+            spec_from_json(text)  # raises SpecError naming the mistake
         if not isinstance(data, dict):
             raise SpecError({"spec": f"{path} must hold a JSON object of field: value"})
     for name in JobSpec.model_fields:

@@ -145,6 +145,29 @@ class JobSpec(BaseModel):
             raise ValueError("must not contain control characters")
         return value
 
+    @field_validator(
+        "epochs",
+        "lr",
+        "bs",
+        "img_size",
+        "valid_pct",
+        "seed",
+        "grad_accum",
+        "grad_clip",
+        "wd",
+        "cores",
+        "priority",
+        "max_attempts",
+        "time_limit",
+        mode="before",
+    )
+    @classmethod
+    def _not_a_boolean(cls, value: Any) -> Any:
+        # JSON true would otherwise pass as the number 1.
+        if isinstance(value, bool):
+            raise ValueError("must be a number, not true or false")
+        return value
+
     @field_validator("lr", mode="before")
     @classmethod
     def _lr_number_or_find(cls, value: Any) -> Any:
@@ -228,6 +251,10 @@ def _humanize(error: dict[str, Any]) -> tuple[str, str]:
         return field, "must not be empty"
     if kind == "string_type":
         return field, "must be text"
+    if kind == "string_unicode":
+        return field, "must be valid Unicode text"
+    if kind == "int_parsing_size":
+        return field, "is far too large a number"
     message = message.removeprefix("Value error, ")
     if not field and ": " in message:
         field, message = message.split(": ", 1)
@@ -256,4 +283,6 @@ def spec_from_json(text: str, known_datasets: set[str] | None = None) -> JobSpec
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise SpecError({"spec": f"is not valid JSON ({exc.msg} at line {exc.lineno})"}) from None
+    except RecursionError:
+        raise SpecError({"spec": "is nested too deeply to be a job spec"}) from None
     return parse_spec(data, known_datasets)
