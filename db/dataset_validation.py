@@ -48,18 +48,24 @@ def resolve_inside_roots(path: Path | str, what: str = "folder") -> Path:
     text = str(path).strip()
     if not text:
         raise DatasetError(f"no {what} given")
-    candidate = Path(text).expanduser()
-    if not candidate.is_absolute():
-        candidate = config.data_dir() / candidate
-    resolved = candidate.resolve()
-    roots = allowed_roots()
-    if not any(resolved.is_relative_to(root) for root in roots):
+    try:
+        candidate = Path(text).expanduser()
+        if not candidate.is_absolute():
+            candidate = config.data_dir() / candidate
+        resolved = candidate.resolve()
+        roots = allowed_roots()
+        inside = any(resolved.is_relative_to(root) for root in roots)
+        exists = inside and resolved.exists()
+    except (ValueError, UnicodeError, OSError):
+        # A NUL byte, text that is no file name on this system, a name too long.
+        raise DatasetError(f"{what} {text!r} is not a usable path") from None
+    if not inside:
         listed = ", ".join(str(root) for root in roots)
         raise DatasetError(
             f"{what} {text} is outside the allowed data roots ({listed}); an admin can allow "
             f"more folders with {DATASET_ROOTS_ENV}"
         )
-    if not resolved.exists():
+    if not exists:
         raise DatasetError(f"{what} {text} does not exist")
     return resolved
 
