@@ -139,3 +139,21 @@ def test_job_page_has_the_results_tab(trained, monkeypatch):
     assert [tab.label for tab in at.tabs][:2] == ["Curves", "Results"]
     assert any(metric.label == "Validation accuracy" for metric in at.metric)
     dispose_engines()
+
+
+def test_predicting_with_a_job_that_left_no_export_says_so(trained):
+    job_id = queue.submit(trained.engine, {"name": "succeeded, but its export was not recorded"})
+    claimed = queue.claim(trained.engine, "results-test")
+    assert claimed is not None and claimed.id == job_id
+    queue.finish(trained.engine, claimed.lease, "succeeded")
+    at = open_results(trained, job_id)
+
+    at.file_uploader[0].set_value(
+        ("seven.png", known_digits(trained)["7"].read_bytes(), "image/png")
+    )
+    at.run()
+
+    assert not at.exception, [e.value for e in at.exception]
+    assert [error.value for error in at.error] == [
+        f"Cannot predict: job #{job_id} has no exported model recorded."
+    ]
