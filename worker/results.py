@@ -147,8 +147,8 @@ def interpret(learn: Learner, stop: threading.Event) -> Interpretation | None:
     confusion = confusion_matrix(targets, decoded, len(classes)).tolist()
     items = list(dl.items)
     predictions = [
-        [_item_path(item), classes[int(actual)], classes[int(predicted)]]
-        for item, actual, predicted in zip(items, targets, decoded, strict=True)
+        [_item_path(item), classes[actual], classes[predicted]]
+        for item, actual, predicted in zip(items, targets.tolist(), decoded.tolist(), strict=True)
     ]
     top_values, top_indices = interpretation.top_losses(min(TOP_LOSSES, len(items)))
     top_losses = []
