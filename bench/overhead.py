@@ -72,7 +72,8 @@ def main() -> None:
     upgrade(engine)
     spec = JobSpec(epochs=args.epochs, img_size=args.img_size, bs=args.bs, lr=1e-2,
                    device="xla" if args.xla else "cpu")  # fmt: skip
-    device, label = open_device(spec.device)
+    setup = open_device(spec.device)
+    device, label = setup.device, setup.label
     items = scan_items(ensure_digits(), {"type": "folder"})
     dls = build_dataloaders(items, spec, device)
     images_per_run = len(dls.train) * args.bs * args.epochs
@@ -83,7 +84,9 @@ def main() -> None:
         from fastai.torch_core import set_seed
 
         set_seed(spec.seed)
-        learn = build_learner(dls, spec, device, folder / f"arm-{instrumented}-{round_index}")
+        learn = build_learner(
+            dls, spec, device, folder / f"arm-{instrumented}-{round_index}", setup.parallel
+        )
         steps = len(dls.train) * args.epochs
         writer = None
         if instrumented:

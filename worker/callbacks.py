@@ -214,9 +214,10 @@ class XlaReportCallback(TrainedEpochCallback):
 
     order = 65
 
-    def __init__(self, writer: TelemetryWriter, clock: TrainingClock):
+    def __init__(self, writer: TelemetryWriter, clock: TrainingClock, cache_dir: str = ""):
         self.writer = writer
         self.clock = clock
+        self.cache_dir = cache_dir or "the data folder"
         self.previous: dict[str, Any] | None = None
         self.first_epoch_reported: int | None = None
 
@@ -233,6 +234,8 @@ class XlaReportCallback(TrainedEpochCallback):
         elif warning := xla_report.compile_growth_warning(
             epoch - self.first_epoch_reported, self.previous, summary
         ):
+            log.warning("%s", warning)
+        if warning := xla_report.cache_load_failure_warning(self.previous, summary, self.cache_dir):
             log.warning("%s", warning)
         fallbacks = xla_report.new_fallbacks(self.previous, summary)
         if fallbacks:

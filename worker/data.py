@@ -26,6 +26,7 @@ from worker.fetch import load_dataset_items
 log = logging.getLogger(__name__)
 
 SMALL_DATASET_ITEMS = 5_000
+MAX_LOADER_WORKERS = 16
 
 
 def load_items(engine: Engine, dataset_name: str) -> LabelledItems:
@@ -65,12 +66,21 @@ def drop_undecodable(items: LabelledItems) -> LabelledItems:
     return LabelledItems(kept, flags, skipped)
 
 
-def loader_workers(item_count: int) -> int:
-    """DataLoader worker processes: none for small sets (start-up costs more than it saves),
-    else one per spare core, leaving one for the training loop."""
+def usable_cpus() -> int:
+    """CPUs this process may run on: a container or `taskset` may allow fewer than exist."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def loader_workers(item_count: int, cpus: int | None = None) -> int:
+    """DataLoader worker processes: none for small sets (start-up costs more than it saves;
+    on XLA the prefetch thread loads them), else one per spare CPU, leaving one for the
+    training loop, at most MAX_LOADER_WORKERS."""
     if item_count < SMALL_DATASET_ITEMS:
         return 0
-    return max(0, min(8, (os.cpu_count() or 1) - 1))
+    return max(0, min(MAX_LOADER_WORKERS, (cpus or usable_cpus()) - 1))
 
 
 def build_dataloaders(items: LabelledItems, spec: JobSpec, device: torch.device) -> DataLoaders:

@@ -29,7 +29,7 @@ from db.artifacts import record_artifact
 from db.queue import Lease
 from db.spec import JobSpec
 from db.telemetry import LR_FIND, MetricPoint
-from worker import checkpoint
+from worker import checkpoint, spmd
 from worker.callbacks import (
     AutocastCallback,
     EpochEndCallback,
@@ -40,8 +40,10 @@ from worker.callbacks import (
     XlaStepCallback,
 )
 from worker.data import build_dataloaders, drop_undecodable, load_items
+from worker.prefetch import PrefetchCallback
 from worker.reporter import TelemetryWriter
 from worker.results import record_results
+from worker.spmd import DataParallel
 
 log = logging.getLogger(__name__)
 
@@ -113,33 +115,69 @@ def total_epochs(spec: JobSpec) -> int:
 # --- device ---------------------------------------------------------------------------------
 
 
-def open_device(kind: str) -> tuple[torch.device, str]:
-    """The torch device for `kind`, and a label for the job row."""
+@dataclass(frozen=True)
+class DeviceSetup:
+    """Where a job trains: the torch device, a label for the job row, and with more than one
+    XLA device the SPMD mesh that splits each batch over them."""
+
+    device: torch.device
+    label: str
+    parallel: DataParallel | None = None
+
+    @property
+    def devices(self) -> int:
+        return self.parallel.devices if self.parallel is not None else 1
+
+
+def open_device(kind: str, cores: int | None = None) -> DeviceSetup:
+    """Open the device for `kind`; on XLA `cores` devices (None: all), with SPMD over several."""
     if kind == "xla":
-        from worker.devices import tpu_present
-
-        if not tpu_present() and not os.environ.get("PJRT_DEVICE"):
-            raise JobFailure(
-                "device xla: this worker has no TPU (set PJRT_DEVICE=CPU to run the XLA path "
-                "on the CPU, or submit with device auto/cpu)"
-            )
-        import torch_xla
-        import torch_xla.runtime as xr
-
-        cache = config.data_dir() / "xla_cache"
-        cache.mkdir(parents=True, exist_ok=True)
-        try:
-            xr.initialize_cache(str(cache), readonly=False)
-        except RuntimeError as exc:  # already initialised in this process
-            log.debug("XLA compilation cache not initialised again: %s", exc)
-        device = torch_xla.device()
-        count = xr.global_runtime_device_count()
-        return device, f"xla:{xr.device_type()} ({count} device{'s' if count != 1 else ''})"
+        return _open_xla(cores)
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise JobFailure("device cuda: torch sees no CUDA GPU on this worker")
-        return torch.device("cuda"), f"cuda:{torch.cuda.get_device_name(0)}"
-    return torch.device("cpu"), "cpu"
+        return DeviceSetup(torch.device("cuda"), f"cuda:{torch.cuda.get_device_name(0)}")
+    return DeviceSetup(torch.device("cpu"), "cpu")
+
+
+def _open_xla(cores: int | None) -> DeviceSetup:
+    from worker.devices import tpu_present
+
+    if not tpu_present() and not os.environ.get("PJRT_DEVICE"):
+        raise JobFailure(
+            "device xla: this worker has no TPU (set PJRT_DEVICE=CPU to run the XLA path "
+            "on the CPU, or submit with device auto/cpu)"
+        )
+    try:
+        spmd.narrow_cpu_devices(cores)
+    except spmd.DeviceRequestError as exc:
+        raise JobFailure(str(exc)) from None
+    import torch_xla
+    import torch_xla.runtime as xr
+
+    cache = xla_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        xr.initialize_cache(str(cache), readonly=False)
+    except RuntimeError as exc:  # already initialised in this process
+        log.debug("XLA compilation cache not initialised again: %s", exc)
+    available = xr.global_runtime_device_count()
+    device_type = xr.device_type()
+    try:
+        used = spmd.devices_to_use(cores, available, device_type)
+    except spmd.DeviceRequestError as exc:
+        raise JobFailure(str(exc)) from None
+    if used == 1:
+        of = f"1 of {available} devices" if available > 1 else "1 device"
+        return DeviceSetup(torch_xla.device(), f"xla:{device_type} ({of})")
+    parallel = spmd.DataParallel.over_all_devices()
+    label = f"xla:{device_type} ({parallel.devices} devices, SPMD data parallel)"
+    return DeviceSetup(parallel.device, label, parallel)
+
+
+def xla_cache_dir() -> Path:
+    """The persistent XLA compilation cache: shared by every job this data folder serves."""
+    return config.data_dir() / "xla_cache"
 
 
 # --- the learner ----------------------------------------------------------------------------
@@ -175,7 +213,18 @@ def _no_print(*_args: Any) -> None:
     return None
 
 
-def build_learner(dls: Any, spec: JobSpec, device: torch.device, job_dir: Path) -> Learner:
+def build_learner(
+    dls: Any,
+    spec: JobSpec,
+    device: torch.device,
+    job_dir: Path,
+    parallel: DataParallel | None = None,
+    prefetch: bool = True,
+) -> Learner:
+    """fastai's vision Learner, on the device, with the XLA step rules when it is XLA.
+
+    On XLA each batch is loaded and copied ahead in a thread (`prefetch`), split over the SPMD
+    mesh when `parallel` is given; `prefetch=False` leaves fastai's own loading in place."""
     metrics: list[Any] = [accuracy, error_rate]
     if dls.c > 5:
         metrics.append(top_k_accuracy)  # k=5 by default
@@ -208,6 +257,8 @@ def build_learner(dls: Any, spec: JobSpec, device: torch.device, job_dir: Path) 
         learn.to_fp16()
     if device.type == "xla":
         learn.add_cb(XlaStepCallback())
+        if prefetch:
+            learn.add_cb(PrefetchCallback(spmd.placement(device, parallel)))
     return learn
 
 
@@ -221,8 +272,21 @@ def run(ctx: TrainingContext) -> Path:
     """
     spec = ctx.spec
     set_seed(spec.seed)
-    device, device_label = open_device(ctx.device_kind)
+    setup = open_device(ctx.device_kind, spec.cores)
+    device, device_label = setup.device, setup.label
     log.info("training %s on %s (%s)", spec.display_name, device_label, spec.dataset)
+    if setup.parallel is not None:
+        try:
+            share = spmd.per_device_batch_size(spec.bs, setup.devices)
+        except spmd.DeviceRequestError as exc:
+            raise JobFailure(str(exc)) from None
+        log.info(
+            "data parallel over %d XLA devices (SPMD): each computes %d of the %d images of a "
+            "batch; parameters are replicated",
+            setup.devices,
+            share,
+            spec.bs,
+        )
 
     items = drop_undecodable(load_items(ctx.engine, spec.dataset))
     if items.skipped:
@@ -236,7 +300,7 @@ def run(ctx: TrainingContext) -> Path:
         dls.c,
         len(dls.train),
     )
-    learn = build_learner(dls, spec, device, ctx.job_dir)
+    learn = build_learner(dls, spec, device, ctx.job_dir, setup.parallel)
     clock = TrainingClock(total_epochs(spec), len(dls.train))
     learn.add_cbs(
         [
@@ -245,7 +309,7 @@ def run(ctx: TrainingContext) -> Path:
         ]
     )
     if device.type == "xla":
-        learn.add_cb(XlaReportCallback(ctx.writer, clock))
+        learn.add_cb(XlaReportCallback(ctx.writer, clock, str(xla_cache_dir())))
 
     phases = schedule_phases(spec, 0.0)
     _set_trainable(learn, phases[0])

@@ -9,9 +9,12 @@ from typing import Any
 
 NANOSECONDS = 1e9
 
+# torch_xla metric → (count key, seconds key). Several metrics may add up into one pair: under
+# SPMD a graph runs as `ExecuteReplicated` (once over every device) instead of `Execute`.
 TIME_METRICS = {
     "CompileTime": ("compile_count", "compile_time_s"),
     "ExecuteTime": ("execute_count", "execute_time_s"),
+    "ExecuteReplicatedTime": ("execute_count", "execute_time_s"),
     "TransferToDeviceTime": ("transfer_to_device_count", "transfer_to_device_time_s"),
     "TransferFromDeviceTime": ("transfer_from_device_count", "transfer_from_device_time_s"),
 }
@@ -20,7 +23,9 @@ COUNTERS = {
     "UncachedCompile": "uncached_compile",
     "PersistentCacheHit": "persistent_cache_hits",
     "PersistentCacheMiss": "persistent_cache_misses",
+    "PersistentCacheDeserializeFailure": "persistent_cache_load_failures",
     "ExecuteComputation": "device_syncs",
+    "ExecuteReplicated": "device_syncs",
     "TransferFromDevice": "transfers_from_device",
 }
 
@@ -33,11 +38,12 @@ def read_summary() -> dict[str, Any]:
     for metric, (count_key, time_key) in TIME_METRICS.items():
         data = met.metric_data(metric)
         count, total_ns = (data[0], data[1]) if data else (0, 0.0)
-        summary[count_key] = int(count)
-        summary[time_key] = float(total_ns) / NANOSECONDS
+        summary[count_key] = summary.get(count_key, 0) + int(count)
+        summary[time_key] = summary.get(time_key, 0.0) + float(total_ns) / NANOSECONDS
     counter_names = set(met.counter_names())
     for counter, key in COUNTERS.items():
-        summary[key] = int(met.counter_value(counter) or 0) if counter in counter_names else 0
+        value = int(met.counter_value(counter) or 0) if counter in counter_names else 0
+        summary[key] = summary.get(key, 0) + value
     summary["aten_fallbacks"] = {
         name.removeprefix("aten::"): int(met.counter_value(name) or 0)
         for name in sorted(counter_names)
@@ -79,3 +85,22 @@ def new_fallbacks(previous: dict[str, Any] | None, current: dict[str, Any]) -> d
     """Ops that fell back to the CPU for the first time since the previous report."""
     seen = (previous or {}).get("aten_fallbacks", {})
     return {op: count for op, count in current["aten_fallbacks"].items() if op not in seen}
+
+
+def cache_load_failure_warning(
+    previous: dict[str, Any] | None, current: dict[str, Any], cache_dir: str
+) -> str | None:
+    """A warning the first time cached graphs could not be loaded from the persistent cache.
+
+    XLA's CPU backend in torch_xla 2.9 writes executables to the cache but cannot load them
+    (its PJRT client answers UNIMPLEMENTED), so there every job compiles afresh; TPUs load them.
+    """
+    before = (previous or {}).get("persistent_cache_load_failures", 0)
+    failures = current.get("persistent_cache_load_failures", 0)
+    if before > 0 or failures <= 0:
+        return None
+    return (
+        f"the XLA compilation cache in {cache_dir} holds {failures} graph(s) of this job that "
+        "this XLA backend could not load, so they were compiled again (XLA on the CPU cannot "
+        "load cached executables; on a TPU the cache spares the compiles of identical jobs)"
+    )

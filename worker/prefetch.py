@@ -1,0 +1,144 @@
+"""Overlap host-side loading with device compute: an `MpDeviceLoader` for fastai's DataLoader.
+
+fastai's DataLoader loads each batch on the host (decode, resize, collate), copies it to the
+device and applies the batch transforms there, all in the training loop's thread, so the
+device waits while the host loads. `DevicePrefetcher` does the host part and the copy in a
+background thread, a few batches ahead, while the training thread runs the current step. It
+leaves the batch transforms (to float, normalisation, augmentation) to the training thread: on
+XLA they are traced into the step's graph, and tracing in two threads would mix their graphs.
+
+fastai's Learner still drives the loop: `PrefetchCallback` swaps the Learner's current
+DataLoader for a prefetching view of it at the start of each training and validation pass.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from fastai.callback.core import Callback
+from fastai.data.core import TfmdDL
+
+PREFETCH_DEPTH = 3
+_POLL_S = 0.1
+
+
+class _End:
+    """Put after the last batch."""
+
+
+class _Failed:
+    """Carries an exception from the loading thread to the training thread."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class DevicePrefetcher:
+    """Iterates a fastai `TfmdDL`, loading and copying `depth` batches ahead in a thread.
+
+    Anything else is read from the wrapped DataLoader (`bs`, `device`, `n`, …), so fastai and
+    its callbacks see the DataLoader they expect. `waited_s` adds up the time the training
+    thread waited for a batch: near zero when loading keeps ahead of the device.
+    """
+
+    def __init__(self, dl: TfmdDL, place: Callable[[Any], Any], depth: int = PREFETCH_DEPTH):
+        self.dl = dl
+        self.place = place
+        self.depth = depth
+        self.waited_s = 0.0
+        self.batches = 0
+
+    def __len__(self) -> int:
+        return len(self.dl)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dl":  # not set yet (e.g. while unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.dl, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        dl = self.dl
+        # The same dataset, order and item transforms, but no device and no batch transforms:
+        # it yields collated host batches. A new one per pass, as fastai reshuffles per pass.
+        host = dl.new(device=None, after_batch=None)
+        dl.before_iter()  # tells the shared batch transforms whether this is training data
+        ready: queue.Queue[Any] = queue.Queue(maxsize=self.depth)
+        stop = threading.Event()
+        loader = threading.Thread(
+            target=self._load, args=(host, ready, stop), name="traindeck-prefetch", daemon=True
+        )
+        loader.start()
+        try:
+            while True:
+                started = time.perf_counter()
+                item = ready.get()
+                self.waited_s += time.perf_counter() - started
+                if isinstance(item, _End):
+                    break
+                if isinstance(item, _Failed):
+                    raise item.error
+                self.batches += 1
+                yield dl.after_batch(item)
+            dl.after_iter()
+        finally:
+            stop.set()
+            while loader.is_alive():  # empty the queue so a blocked put sees the stop
+                try:
+                    ready.get_nowait()
+                except queue.Empty:
+                    loader.join(_POLL_S)
+
+    def _load(self, host: TfmdDL, ready: queue.Queue[Any], stop: threading.Event) -> None:
+        batches = iter(host)
+        try:
+            for batch in batches:
+                if stop.is_set() or not self._put(ready, self.place(batch), stop):
+                    return
+            self._put(ready, _End(), stop)
+        except BaseException as exc:  # surfaces in the training thread, with its traceback
+            self._put(ready, _Failed(exc), stop)
+        finally:
+            batches.close()
+
+    @staticmethod
+    def _put(ready: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+
+class PrefetchCallback(Callback):
+    """Runs every training and validation pass of the Learner through a `DevicePrefetcher`."""
+
+    order = -30
+
+    def __init__(self, place: Callable[[Any], Any], depth: int = PREFETCH_DEPTH):
+        self.place = place
+        self.depth = depth
+        self.prefetchers: list[DevicePrefetcher] = []
+
+    def before_train(self) -> None:
+        self._wrap()
+
+    def before_validate(self) -> None:
+        self._wrap()
+
+    def _wrap(self) -> None:
+        dl = self.learn.dl
+        if isinstance(dl, TfmdDL):
+            prefetcher = DevicePrefetcher(dl, self.place, self.depth)
+            self.learn.dl = prefetcher
+            self.prefetchers.append(prefetcher)
+
+    @property
+    def waited_s(self) -> float:
+        """Seconds the training thread waited for input, over every pass so far."""
+        return sum(prefetcher.waited_s for prefetcher in self.prefetchers)

@@ -1,0 +1,150 @@
+"""Data parallelism over the XLA devices of this machine: SPMD in the one training process.
+
+After `torch_xla.runtime.use_spmd()` the process sees one virtual device. A 1-D mesh over the
+physical devices names the batch axis `data`; each input batch is copied to the devices split
+along its first dimension, and everything else (parameters, optimizer state) is replicated,
+SPMD's default. XLA's partitioner turns the one traced step into a per-device program and
+inserts the all-reduces (of the gradients, and of batch norm's statistics), so fastai's Learner,
+callbacks and metrics still see one model and one global batch, and the numbers match a run on
+one device.
+
+SPMD needs every device the runtime opened in its mesh (torch_xla asserts it). So `cores` picks
+how many the runtime opens: on the CPU (`PJRT_DEVICE=CPU`) by `CPU_NUM_DEVICES`, set before the
+runtime starts; on a TPU one core (no SPMD) or all of them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from fastai.torch_core import apply, to_device
+
+MESH_AXIS = "data"
+CPU_DEVICES_VARIABLE = "CPU_NUM_DEVICES"
+
+
+class DeviceRequestError(ValueError):
+    """The job asks for devices or a batch split this worker cannot give (a message for people)."""
+
+
+def narrow_cpu_devices(cores: int | None) -> None:
+    """On XLA's CPU backend, open only `cores` virtual devices. Call before the runtime starts.
+
+    A worker started with CPU_NUM_DEVICES=N offers N devices; a job asking for more is refused
+    later, when the runtime has counted them.
+    """
+    if cores is None or os.environ.get("PJRT_DEVICE", "").upper() != "CPU":
+        return
+    configured = os.environ.get(CPU_DEVICES_VARIABLE, "1")
+    try:
+        offered = int(configured)
+    except ValueError:
+        raise DeviceRequestError(
+            f"{CPU_DEVICES_VARIABLE}={configured!r} on this worker is not a whole number of "
+            "devices; restart the worker with e.g. CPU_NUM_DEVICES=2"
+        ) from None
+    if cores <= offered:
+        os.environ[CPU_DEVICES_VARIABLE] = str(cores)
+
+
+def devices_to_use(cores: int | None, available: int, device_type: str) -> int:
+    """How many of the `available` devices a job asking for `cores` trains on."""
+    if cores is None:
+        return available
+    if cores > available:
+        hint = "leave cores empty to use them all" if available > 1 else "use cores 1"
+        raise DeviceRequestError(
+            f"cores {cores}: this worker has {available} XLA {device_type} "
+            f"device{'s' if available != 1 else ''}; {hint}"
+        )
+    if 1 < cores < available:
+        raise DeviceRequestError(
+            f"cores {cores}: on this worker's {device_type} SPMD spans every device the "
+            f"process opens, so a job trains on 1 core or on all {available}; "
+            f"use cores 1 or {available}, or leave it empty for all"
+        )
+    return cores
+
+
+def per_device_batch_size(bs: int, devices: int) -> int:
+    """The share of a global batch of `bs` images each device computes."""
+    if bs % devices:
+        lower = bs - bs % devices
+        suggestions = [str(size) for size in (lower, lower + devices) if size > 0]
+        raise DeviceRequestError(
+            f"batch size {bs} cannot be split evenly over {devices} XLA devices: the global "
+            f"batch is divided among them, so use a multiple of {devices} "
+            f"(e.g. {' or '.join(suggestions)})"
+        )
+    return bs // devices
+
+
+@dataclass
+class DataParallel:
+    """A 1-D mesh over `devices` XLA devices, and how to place a host batch on it."""
+
+    devices: int
+    device: torch.device
+    mesh: Any
+    _specs: dict[int, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def over_all_devices(cls) -> DataParallel:
+        """Turn SPMD on (before any XLA tensor exists) and mesh every device of the runtime."""
+        import numpy as np
+        import torch_xla
+        import torch_xla.distributed.spmd as xs
+        import torch_xla.runtime as xr
+
+        xr.use_spmd()
+        devices = xr.global_runtime_device_count()
+        mesh = xs.Mesh(np.arange(devices), (devices,), (MESH_AXIS,))
+        return cls(devices=devices, device=torch_xla.device(), mesh=mesh)
+
+    def batch_spec(self, dims: int) -> Any:
+        """Split dimension 0 over the mesh, keep the others whole (None for a scalar)."""
+        if dims == 0:
+            return None
+        if dims not in self._specs:
+            import torch_xla.distributed.spmd as xs
+
+            self._specs[dims] = xs.ShardingSpec(self.mesh, (MESH_AXIS,) + (None,) * (dims - 1))
+        return self._specs[dims]
+
+    def place(self, batch: Any) -> Any:
+        """Copy a host batch to the devices, each getting its slice of the batch dimension.
+
+        The copy goes straight from the host to each device's shard (no full copy first), and
+        fastai's tensor types (TensorImage, TensorCategory) are kept.
+        """
+        import torch_xla.core.xla_model as xm
+
+        def one(tensor: Any) -> Any:
+            if not isinstance(tensor, torch.Tensor):
+                return tensor
+            plain = tensor.as_subclass(torch.Tensor)
+            (moved,) = xm.send_cpu_data_to_device(
+                [plain], self.device, self.batch_spec(plain.dim())
+            )
+            return moved
+
+        return apply(one, batch)
+
+
+def placement(device: torch.device, parallel: DataParallel | None) -> Callable[[Any], Any]:
+    """The function that moves a host batch to where training reads it."""
+    if parallel is not None:
+        return parallel.place
+    return lambda batch: to_device(batch, device)
+
+
+def local_batch_shapes(tensor: torch.Tensor) -> list[tuple[int, ...]]:
+    """The shape of the slice of `tensor` each device holds (for measurements and tests)."""
+    import torch_xla
+
+    (shards,) = torch_xla._XLAC._get_local_shards([tensor])
+    return [tuple(shard.shape) for shard, _device in shards]
