@@ -7,6 +7,7 @@ from pathlib import Path
 
 DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
 DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
+DEFAULT_SQLITE_BUSY_TIMEOUT_S = 30.0
 
 
 def data_dir() -> Path:
@@ -43,3 +44,8 @@ def heartbeat_timeout_s() -> float:
 def heartbeat_interval_s() -> float:
     """Seconds between two heartbeats of a worker."""
     return _positive_float_env("TRAINDECK_HEARTBEAT_INTERVAL", DEFAULT_HEARTBEAT_INTERVAL_S)
+
+
+def sqlite_busy_timeout_s() -> float:
+    """How long a SQLite write waits for another writer's lock before it fails."""
+    return _positive_float_env("TRAINDECK_SQLITE_BUSY_TIMEOUT", DEFAULT_SQLITE_BUSY_TIMEOUT_S)

@@ -19,7 +19,6 @@ from sqlalchemy.engine import make_url
 
 from db import config
 
-SQLITE_BUSY_TIMEOUT_MS = 30_000
 _READ_ONLY = "traindeck_read_only"
 
 _engines: dict[str, Engine] = {}
@@ -78,7 +77,8 @@ def dispose_engines() -> None:
 def _sqlite_engine(url: str, database: str | None) -> Engine:
     if database and database != ":memory:" and not database.startswith("file:"):
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+    busy_timeout_ms = int(config.sqlite_busy_timeout_s() * 1000)
+    engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000})
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record) -> None:
@@ -86,7 +86,7 @@ def _sqlite_engine(url: str, database: str | None) -> Engine:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()

@@ -115,6 +115,10 @@ class TelemetryCallback(TrainedEpochCallback):
 
     def after_train(self) -> None:
         self._train_seconds = time.perf_counter() - self._train_started
+        # The epoch's last batches reach the dashboard while validation runs.
+        self.writer.add_points(self._points)
+        self._points = []
+        self.writer.request_flush()
 
     def after_batch(self) -> None:
         if not (self.active and self.training and len(self.yb)):
@@ -296,14 +300,24 @@ class StopCallback(Callback):
 
 
 class EpochEndCallback(TrainedEpochCallback):
-    """Calls `on_epoch_end(global_epoch)` after each trained epoch (checkpointing)."""
+    """Calls `on_epoch_end(global_epoch)` after each trained epoch (checkpointing).
+
+    An error there ends the fit and is kept in `failure` for the caller to raise: fastai would
+    otherwise rewrite its message ("Exception occured in …") on the way out.
+    """
 
     order = 90
 
     def __init__(self, clock: TrainingClock, on_epoch_end: Callable[[int], None]):
         self.clock = clock
         self.on_epoch_end = on_epoch_end
+        self.failure: Exception | None = None
 
     def after_epoch(self) -> None:
-        if self.acting():
+        if not self.acting():
+            return
+        try:
             self.on_epoch_end(self.clock.global_epoch(self.epoch))
+        except Exception as exc:
+            self.failure = exc
+            raise CancelFitException() from exc

@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     from db.files import job_dir
     from db.queue import Lease, get_job
     from db.spec import JobSpec
+    from worker.checkpoint import write_failure
     from worker.reporter import TelemetryWriter
 
     engine = get_engine()
@@ -89,7 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         job = get_job(engine, args.job_id)
         spec = JobSpec.model_validate(job.spec)
         folder = job_dir(args.job_id)
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise write_failure("the job's folder", folder, exc) from exc
         context = training.TrainingContext(
             engine=engine,
             lease=lease,
@@ -115,8 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             message = traceback.format_exc()
             log.error("training failed:\n%s", message)
-        args.error_file.parent.mkdir(parents=True, exist_ok=True)
-        args.error_file.write_text(message, encoding="utf-8")
+        try:
+            args.error_file.parent.mkdir(parents=True, exist_ok=True)
+            args.error_file.write_text(message, encoding="utf-8")
+        except OSError:
+            pass  # the disk is full or the folder unwritable: the logged error line says it
         return EXIT_FAILED
     finally:
         if not writer.close(WRITER_CLOSE_TIMEOUT_S):
@@ -130,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
 def _user_errors() -> tuple[type[Exception], ...]:
     """Errors that describe a problem with the job's input, shown without a traceback."""
     from db.labelling import DatasetError
+    from worker.checkpoint import ArtifactWriteError
 
-    return (DatasetError,)
+    return (DatasetError, ArtifactWriteError)
 
 
 if __name__ == "__main__":

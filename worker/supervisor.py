@@ -155,17 +155,16 @@ class Supervisor:
             self._try(lambda: workers.worker_stopped(self.engine, self.options.worker_id))
         return 0
 
+    def _recover_stale_jobs(self) -> None:
+        """Requeue other workers' abandoned jobs. Every worker does it, busy or idle, so that
+        recovery never waits for an idle worker."""
+        timeout = self.options.heartbeat_timeout_s
+        for job_id, status in queue.requeue_stale(self.engine, timeout):
+            log.warning("job %d had no heartbeat for %gs: now %s", job_id, timeout, status)
+
     def _claim_next(self) -> ClaimedJob | None:
         try:
-            for job_id, status in queue.requeue_stale(
-                self.engine, self.options.heartbeat_timeout_s
-            ):
-                log.warning(
-                    "job %d had no heartbeat for %gs: now %s",
-                    job_id,
-                    self.options.heartbeat_timeout_s,
-                    status,
-                )
+            self._recover_stale_jobs()
             return queue.claim(self.engine, self.options.worker_id)
         except Exception as exc:
             log.warning("cannot reach the database to claim a job: %s", _first_line(exc))
@@ -247,6 +246,7 @@ class Supervisor:
                 next_beat = now + self.options.heartbeat_interval_s
                 self._beat_job(running)
                 self._beat_worker("busy", job.id)
+                self._try(self._recover_stale_jobs)
             self._flush_output(running)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 running.process.wait(timeout=TICK_S)
@@ -327,6 +327,13 @@ class Supervisor:
                 return text
         except OSError:
             pass
+        logged_errors = [
+            line.split("] ERROR ", 1)[1]
+            for line in running.output_tail
+            if line.startswith(LOG_PREFIX) and "] ERROR " in line
+        ]
+        if logged_errors:
+            return "\n".join(logged_errors)
         tail = "\n".join(running.output_tail)
         return f"the training process exited with code {exit_code}" + (f":\n{tail}" if tail else "")
 

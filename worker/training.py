@@ -7,6 +7,7 @@ device tensor that fastai has not already read.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -335,7 +336,8 @@ def run(ctx: TrainingContext) -> Path:
             ctx.job_dir, learn, epoch=epoch, lr=lr, spec=spec.model_dump(mode="json")
         )
 
-    learn.add_cb(EpochEndCallback(clock, on_epoch_end))
+    epoch_end = EpochEndCallback(clock, on_epoch_end)
+    learn.add_cb(epoch_end)
     for phase in schedule_phases(spec, lr):
         if phase.end <= resume_from:
             continue
@@ -348,6 +350,8 @@ def run(ctx: TrainingContext) -> Path:
             div=phase.div,
             start_epoch=max(0, resume_from - phase.offset),
         )
+        if epoch_end.failure is not None:
+            raise epoch_end.failure
         if ctx.stop.is_set():
             raise StopRequested()
     if ctx.stop.is_set():
@@ -415,6 +419,13 @@ def export_model(learn: Learner, job_dir: Path) -> Path:
         with open(temporary, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(temporary, final)
+    except (OSError, RuntimeError) as exc:
+        kept = checkpoint.checkpoint_path(job_dir)
+        what = "the exported model" + (
+            f" (the checkpoint {kept} is intact)" if kept.exists() else ""
+        )
+        raise checkpoint.write_failure(what, final, exc) from exc
     finally:
-        temporary.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
     return final
