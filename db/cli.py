@@ -11,12 +11,13 @@ import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from db import queue
+from db.cliargs import EXIT_USER_ERROR, Parser, job_id, positive_int
 from db.datasets import list_datasets
 from db.engine import DatabaseUrlError, get_engine
 from db.imagesets import (
@@ -34,17 +35,11 @@ from db.migrate import upgrade
 from db.models import JOB_STATUSES
 from db.spec import JobSpec, SpecError, spec_from_json
 
-EXIT_USER_ERROR = 2
 EXIT_DATABASE_ERROR = 3
 
 
 class UserError(Exception):
     """A problem the person can fix; printed as one line, no traceback."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USER_ERROR, f"error: {message} (see {self.prog} --help)\n")
 
 
 def _field_flag(name: str) -> str:
@@ -295,30 +290,10 @@ def cmd_dataset_remove(engine: Engine, args: argparse.Namespace) -> None:
 # --- parser ---------------------------------------------------------------------------------
 
 
-def _positive_id(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a job id is a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a job id is at least 1, not {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, not {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m db", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m db", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+        dest="command", required=True, metavar="COMMAND", parser_class=Parser
     )
 
     def command(name: str, handler, help_text: str) -> argparse.ArgumentParser:
@@ -338,17 +313,17 @@ def build_parser() -> argparse.ArgumentParser:
         choices=JOB_STATUSES,
         help="only jobs in this status (repeatable)",
     )
-    jobs.add_argument("--limit", type=_positive_int, default=None, help="at most this many")
+    jobs.add_argument("--limit", type=positive_int, default=None, help="at most this many")
     for name, handler, help_text in (
         ("show", cmd_show, "one job: status, progress, final metrics, artifacts, error"),
         ("cancel", cmd_cancel, "cancel a queued job, or stop a running one at its next batch"),
         ("retry", cmd_retry, "queue a finished job again with the same spec"),
     ):
-        command(name, handler, help_text).add_argument("id", type=_positive_id, help="job id")
+        command(name, handler, help_text).add_argument("id", type=job_id, help="job id")
 
     dataset = commands.add_parser("dataset", help="register and list image datasets")
     dataset_commands = dataset.add_subparsers(
-        dest="dataset_command", required=True, metavar="COMMAND", parser_class=_Parser
+        dest="dataset_command", required=True, metavar="COMMAND", parser_class=Parser
     )
     dataset_subs: dict[str, argparse.ArgumentParser] = {}
     for name, handler, help_text in (

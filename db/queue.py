@@ -295,19 +295,26 @@ def requeue_stale(engine: Engine, timeout_s: float) -> list[tuple[int, str]]:
     """
     now = utcnow()
     stale = (Job.status == "running") & (Job.heartbeat_at < now - timedelta(seconds=timeout_s))
-    reason = f"its worker sent no heartbeat for {timeout_s:g} s"
+    return _recover(engine, stale, f"its worker sent no heartbeat for {timeout_s:g} s")
+
+
+def _recover(engine: Engine, lost: Any, reason: str) -> list[tuple[int, str]]:
+    """Take the running jobs matching `lost` away from their worker: cancelled when a cancel
+    was asked for, failed when their attempts are used, else back to the queue. Each change
+    is one statement, and each job gets a log line naming `reason`."""
+    now = utcnow()
     outcomes: list[tuple[int, str]] = []
     with write_tx(engine) as connection:
         cancelled = connection.execute(
             update(Job)
-            .where(stale & Job.cancel_requested)
+            .where(lost & Job.cancel_requested)
             .values(status="cancelled", finished_at=now, error=f"cancelled; {reason}")
             .returning(Job.id)
         ).scalars()
         outcomes += [(job_id, "cancelled") for job_id in cancelled]
         failed = connection.execute(
             update(Job)
-            .where(stale & (Job.attempts >= Job.max_attempts))
+            .where(lost & (Job.attempts >= Job.max_attempts))
             .values(
                 status="failed",
                 finished_at=now,
@@ -318,7 +325,7 @@ def requeue_stale(engine: Engine, timeout_s: float) -> list[tuple[int, str]]:
         outcomes += [(job_id, "failed") for job_id in failed]
         requeued = connection.execute(
             update(Job)
-            .where(stale)
+            .where(lost)
             .values(status="queued", worker_id=None, heartbeat_at=None, eta_seconds=None)
             .returning(Job.id)
         ).scalars()
@@ -479,35 +486,5 @@ def requeue_jobs_of_worker(engine: Engine, worker_id: str, reason: str) -> list[
     a job event naming `reason`. Returns (job id, new status) pairs; none when the worker
     runs nothing, so calling it again is harmless.
     """
-    now = utcnow()
     lost = (Job.status == "running") & (Job.worker_id == worker_id)
-    outcomes: list[tuple[int, str]] = []
-    with write_tx(engine) as connection:
-        cancelled = connection.execute(
-            update(Job)
-            .where(lost & Job.cancel_requested)
-            .values(status="cancelled", finished_at=now, error=f"cancelled; {reason}")
-            .returning(Job.id)
-        ).scalars()
-        outcomes += [(job_id, "cancelled") for job_id in cancelled]
-        failed = connection.execute(
-            update(Job)
-            .where(lost & (Job.attempts >= Job.max_attempts))
-            .values(
-                status="failed", finished_at=now, error=f"{reason}, and all its attempts are used"
-            )
-            .returning(Job.id)
-        ).scalars()
-        outcomes += [(job_id, "failed") for job_id in failed]
-        requeued = connection.execute(
-            update(Job)
-            .where(lost)
-            .values(status="queued", worker_id=None, heartbeat_at=None, eta_seconds=None)
-            .returning(Job.id)
-        ).scalars()
-        outcomes += [(job_id, "queued") for job_id in requeued]
-        for job_id, status in outcomes:
-            verb = "requeued" if status == "queued" else status
-            level = "error" if status == "failed" else "warning"
-            connection.execute(_event(job_id, level, f"{verb}: {reason}"))
-    return outcomes
+    return _recover(engine, lost, reason)

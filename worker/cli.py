@@ -5,38 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import NoReturn
 
 from db import config
+from db.cliargs import EXIT_USER_ERROR, Parser, positive_int, positive_seconds
 from db.engine import DatabaseUrlError, get_engine
 from worker.supervisor import Supervisor, SupervisorOptions, default_worker_id
-
-EXIT_USER_ERROR = 2
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USER_ERROR, f"error: {message} (see {self.prog} --help)\n")
-
-
-def _positive_number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number greater than 0, not {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, not {value}")
-    return value
 
 
 def _worker_id(text: str) -> str:
@@ -47,7 +20,7 @@ def _worker_id(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="python -m worker",
         description="Claim training jobs from the queue and run them, one at a time.",
         epilog="python -m worker predict --job ID IMAGE… classifies images with a finished "
@@ -59,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run at most one job, then exit (an empty queue exits at once)",
     )
     parser.add_argument(
-        "--max-jobs", type=_positive_int, default=None, metavar="N", help="exit after N jobs"
+        "--max-jobs", type=positive_int, default=None, metavar="N", help="exit after N jobs"
     )
     parser.add_argument(
         "--device",
@@ -70,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--poll-interval",
-        type=_positive_number,
+        type=positive_seconds,
         default=2.0,
         metavar="S",
         help="seconds between polls of an empty queue (Postgres wakes at once on a submit)",

@@ -16,54 +16,28 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import NoReturn
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from db.cliargs import EXIT_USER_ERROR, Parser, job_id, positive_int
 from db.engine import DatabaseUrlError, get_engine
 from db.exports import ArtifactUnavailable, recorded_artifact
 from inference.model import DEFAULT_TOP_K, LoadedModel, ModelLoadError, Prediction, load_export
 
 EXIT_OK = 0
 EXIT_SOME_IMAGES_FAILED = 1
-EXIT_USER_ERROR = 2
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USER_ERROR, f"error: {message} (see {self.prog} --help)\n")
-
-
-def _job_id(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a job id is a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a job id is at least 1, not {value}")
-    return value
-
-
-def _top_k(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, not {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="python -m worker predict",
         description="Classify images with the exported model of a job that succeeded. "
         "Prints one line per image: the top class first, then its probability.",
     )
-    parser.add_argument("--job", type=_job_id, required=True, metavar="ID", help="the job's id")
+    parser.add_argument("--job", type=job_id, required=True, metavar="ID", help="the job's id")
     parser.add_argument(
         "--top-k",
-        type=_top_k,
+        type=positive_int,
         default=DEFAULT_TOP_K,
         metavar="K",
         help=f"how many classes to show per image (default {DEFAULT_TOP_K})",
