@@ -51,6 +51,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 from streamlit import config, runtime
 from streamlit.auth_util import (
     encode_provider_token,
@@ -329,6 +330,26 @@ class _SignedOut:
 
 
 _signed_out = _SignedOut()
+
+# The Streamlit sessions (browser tabs) each password sign-in has open, closed at sign-out.
+_sessions_of: dict[str, set[str]] = collections.defaultdict(set)
+_sessions_lock = threading.Lock()
+
+
+def _remember_session(identity: str) -> None:
+    context = get_script_run_ctx()
+    if context is not None and identity.startswith("password:"):
+        with _sessions_lock:
+            _sessions_of[identity].add(context.session_id)
+
+
+def _close_sessions(identity: str) -> None:
+    """End the open tabs of a sign-in: their live parts stop refreshing at once."""
+    with _sessions_lock:
+        session_ids = _sessions_of.pop(identity, set())
+    if session_ids and _served_over_http():
+        for session_id in session_ids:
+            Runtime.instance().close_session(session_id)
 
 
 def new_session_cookie(password: PasswordHash) -> str:
@@ -661,6 +682,7 @@ class SignInRoutes:
         sid = _password_session(request.cookies.get(SESSION_COOKIE), current.password)
         if sid is not None:
             _signed_out.add(sid)
+            _close_sessions(f"password:{sid}")
         # Streamlit's own logout clears its identity cookie (and the provider's session).
         target = "/auth/logout" if USER_COOKIE_NAME in request.cookies else SIGNIN_PATH
         response = RedirectResponse(target, status_code=303)
@@ -682,7 +704,7 @@ def routes() -> list[Route]:
 class SignInGate:
     """ASGI middleware: without a valid sign-in, nothing but the public paths answers."""
 
-    def __init__(self, app, policy_: Callable[[], Policy] = policy):
+    def __init__(self, app: ASGIApp, policy_: Callable[[], Policy] = policy):
         self.app = app
         self._policy_source = policy_
         self._policy: Policy | None = None
@@ -694,7 +716,7 @@ class SignInGate:
             print(f"traindeck: {self._policy.describe()}", file=sys.stderr, flush=True)
         return self._policy
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
@@ -758,6 +780,7 @@ def require_sign_in() -> None:
         st.warning("Sign in to use this dashboard.")
         st.markdown(f'<a href="{SIGNIN_PATH}" target="_self">Sign in</a>', unsafe_allow_html=True)
         st.stop()
+    _remember_session(identity)
     if identity.startswith("password:"):
         st.sidebar.caption("Signed in with the password")
     else:

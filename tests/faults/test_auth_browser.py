@@ -210,9 +210,15 @@ def test_nothing_is_reachable_without_the_password_and_everything_with_it(
     assert refused.status == 403
     assert "belongs to another sign-in" in refused.text()
 
-    # Signing out ends it: back to the form, and alice's link stops working.
+    # Signing out ends it: back to the form, alice's link stops working, and her other tab
+    # (whose Streamlit session the sign-out shuts down) gets the form when it reloads.
+    other_tab = alice.context.new_page()
+    other_tab.goto(f"{base_url}/job?job={job_id}")
+    other_tab.get_by_role("heading", name=f"#{job_id} · guarded run").wait_for()
     alice.get_by_role("link", name="Sign out").click()
     _wait_for_signin(alice, base_url)
     assert alice.request.get(download_url).status == 401
+    other_tab.reload()
+    _wait_for_signin(other_tab, base_url)
     alice.goto(f"{base_url}/jobs")
     _wait_for_signin(alice, base_url)
