@@ -19,6 +19,9 @@ COUNTERS = {
     "to_device_s": "transfer_to_device_time_s",
     "from_device_s": "transfer_from_device_time_s",
     "device_syncs": "device_syncs",
+    "cache_hits": "persistent_cache_hits",
+    "cache_misses": "persistent_cache_misses",
+    "cache_load_failures": "persistent_cache_load_failures",
 }
 
 
@@ -37,6 +40,11 @@ class XlaEpoch:
     from_device_s: float
     device_syncs: float
     fallback_calls: float
+    # The persistent compilation cache: graphs loaded instead of compiled, graphs compiled and
+    # stored, and graphs found but not loadable (XLA on the CPU cannot load them).
+    cache_hits: float = 0.0
+    cache_misses: float = 0.0
+    cache_load_failures: float = 0.0
 
 
 def _number(summary: Mapping[str, Any], key: str) -> float:
@@ -128,3 +136,24 @@ def fallback_rows(reports: Sequence[tuple[int, Mapping[str, Any]]]) -> list[dict
         for op, count in latest.items()
     ]
     return sorted(rows, key=lambda row: (-row["calls"], row["op"]))
+
+
+def cache_summary(epochs: Sequence[XlaEpoch]) -> str | None:
+    """One sentence on the persistent compilation cache over the job's epochs, or None when
+    the reports do not count its lookups (a worker older than these counters)."""
+    hits = sum(row.cache_hits for row in epochs)
+    misses = sum(row.cache_misses for row in epochs)
+    failures = sum(row.cache_load_failures for row in epochs)
+    lookups = hits + misses + failures
+    if lookups == 0:
+        return None
+    sentence = (
+        f"Compilation cache: {hits:.0f} of {lookups:.0f} graphs loaded from the cache, "
+        f"{misses:.0f} compiled and stored for the next job with the same shapes"
+    )
+    if failures:
+        sentence += (
+            f"; {failures:.0f} found in the cache but not loadable by this XLA backend "
+            "(XLA on the CPU cannot load cached executables), so compiled again"
+        )
+    return sentence + "."

@@ -165,6 +165,8 @@ def xla_table(epochs: list[xla.XlaEpoch]) -> pd.DataFrame:
             "from device s": [row.from_device_s for row in epochs],
             "device syncs": [row.device_syncs for row in epochs],
             "CPU fallback calls": [row.fallback_calls for row in epochs],
+            "cache hits": [row.cache_hits for row in epochs],
+            "cache misses": [row.cache_misses for row in epochs],
         }
     )
 
@@ -207,6 +209,9 @@ def diagnostics_tab(engine: Engine, job: Job, live: LiveJob) -> None:
         key="chart.xla_times",
     )
     st.dataframe(xla_table(epochs), hide_index=True, width="stretch")
+    cache = xla.cache_summary(epochs)
+    if cache:
+        st.caption(cache)
     st.markdown("**Ops that fell back to the CPU** (each call leaves the XLA device)")
     fallbacks = xla.fallback_rows(live.xla)
     if fallbacks:
