@@ -15,8 +15,11 @@ re-sends points never doubles them.
 An XLA report's `summary` holds cumulative counters since the job's process started:
 `compile_count`, `compile_time_s`, `execute_count`, `execute_time_s`,
 `transfer_to_device_time_s`, `transfer_from_device_time_s`, `cached_compile`,
-`uncached_compile`, `persistent_cache_hits`, `device_syncs`, and `aten_fallbacks`
-(op name → count of calls that fell back to the CPU).
+`uncached_compile`, `persistent_cache_hits`, `persistent_cache_misses` (compiled and stored
+in the data folder's cache), `persistent_cache_load_failures` (found in the cache but not
+loadable: XLA on the CPU), `device_syncs`, and `aten_fallbacks` (op name → count of calls that
+fell back to the CPU). Under SPMD (several devices) execute counts and times are those of the
+replicated executions, one per step over all the devices.
 """
 
 from __future__ import annotations
