@@ -15,13 +15,16 @@ runtime starts; on a TPU one core (no SPMD) or all of them.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from fastai.callback.core import Callback
 from fastai.torch_core import apply, to_device
+from torch import nn
 
 MESH_AXIS = "data"
 CPU_DEVICES_VARIABLE = "CPU_NUM_DEVICES"
@@ -133,6 +136,60 @@ class DataParallel:
             return moved
 
         return apply(one, batch)
+
+
+def partitionable_batch_norm(module: nn.modules.batchnorm._BatchNorm, x: torch.Tensor) -> Any:
+    """Batch norm in training, from plain reductions that XLA's SPMD partitioner splits.
+
+    torch_xla lowers batch norm to XLA's `batch-norm-training` op, which the partitioner does
+    not split over a sharded batch: it gathers the whole batch on every device and each
+    device then computes the whole network (seen on XLA's CPU backend: per-device work did
+    not fall at all). Means and variances as reductions are split, with one all-reduce each.
+    The arithmetic is nn.BatchNorm's: biased variance to normalise, unbiased in the running
+    estimate, `momentum` as the update weight.
+    """
+    if not module.training or module.momentum is None or not module.track_running_stats:
+        return type(module).forward(module, x)
+    dims = [0, *range(2, x.dim())]
+    statistics_input = x.float()  # in bf16 (autocast) the statistics would lose precision
+    mean = statistics_input.mean(dims)
+    variance = statistics_input.var(dims, unbiased=False)
+    with torch.no_grad():
+        count = x.numel() / x.size(1)
+        module.num_batches_tracked.add_(1)
+        module.running_mean.mul_(1 - module.momentum).add_(module.momentum * mean)
+        unbiased = variance * (count / max(count - 1, 1))
+        module.running_var.mul_(1 - module.momentum).add_(module.momentum * unbiased)
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    normalised = (x - mean.view(shape)) * torch.rsqrt(variance.view(shape) + module.eps)
+    if module.affine:
+        normalised = normalised * module.weight.view(shape) + module.bias.view(shape)
+    return normalised.to(x.dtype)
+
+
+class PartitionableBatchNormCallback(Callback):
+    """While a fit runs, the model's batch-norm layers compute as `partitionable_batch_norm`.
+
+    The layers keep their class, parameters and buffers (checkpoints and the export are plain
+    torchvision/fastai modules); only an instance `forward` is set, and taken away after the
+    fit, so nothing of it is pickled into the export.
+    """
+
+    order = -25
+
+    def before_fit(self) -> None:
+        self.layers = [
+            module
+            for module in self.learn.model.modules()
+            if isinstance(module, nn.modules.batchnorm._BatchNorm)
+        ]
+        for layer in self.layers:
+            layer.forward = functools.partial(partitionable_batch_norm, layer)
+
+    def after_fit(self) -> None:
+        for layer in self.layers:
+            layer.__dict__.pop("forward", None)
+        self.layers = []
 
 
 def placement(device: torch.device, parallel: DataParallel | None) -> Callable[[Any], Any]:

@@ -260,6 +260,8 @@ def build_learner(
         learn.add_cb(XlaStepCallback())
         if prefetch:
             learn.add_cb(PrefetchCallback(spmd.placement(device, parallel)))
+        if parallel is not None:
+            learn.add_cb(spmd.PartitionableBatchNormCallback())
     return learn
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import threading
 
 import pytest
@@ -188,3 +190,51 @@ def test_a_cache_that_cannot_load_its_graphs_is_reported_once():
     )
     assert xla_report.cache_load_failure_warning(failed, failed | {"x": 1}, "c") is None
     assert xla_report.cache_load_failure_warning(None, first, "c") is None
+
+
+# --- batch norm that SPMD can split ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(16, 4, 5, 5), (16, 6)])
+def test_partitionable_batch_norm_computes_what_batch_norm_computes(shape):
+    torch.manual_seed(0)
+    layer = torch.nn.BatchNorm2d(shape[1]) if len(shape) == 4 else torch.nn.BatchNorm1d(shape[1])
+    twin = copy.deepcopy(layer)
+    with torch.no_grad():
+        layer.weight.uniform_(0.5, 1.5)
+        layer.bias.uniform_(-0.5, 0.5)
+        twin.load_state_dict(layer.state_dict())
+    inputs = torch.randn(*shape) * 3 + 1
+    for _ in range(3):  # the running estimates after several updates too
+        expected = layer(inputs)
+        got = spmd.partitionable_batch_norm(twin, inputs)
+    torch.testing.assert_close(got, expected)
+    for name, value in layer.state_dict().items():
+        torch.testing.assert_close(twin.state_dict()[name], value, msg=name)
+    expected.square().sum().backward()
+    got.square().sum().backward()
+    torch.testing.assert_close(twin.weight.grad, layer.weight.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(twin.bias.grad, layer.bias.grad, rtol=1e-4, atol=1e-4)
+
+    layer.eval()
+    twin.eval()
+    torch.testing.assert_close(spmd.partitionable_batch_norm(twin, inputs), layer(inputs))
+
+
+def test_the_batch_norm_callback_leaves_plain_layers_behind_for_the_export(data_dir, tmp_path):
+    dls = _dls(data_dir)
+    learn = build_learner(dls, JobSpec(bs=16, img_size=8, device="cpu"), CPU, tmp_path)
+    callback = spmd.PartitionableBatchNormCallback()
+    seen = []
+
+    class Check(Callback):
+        def after_batch(self):
+            seen.append(all("forward" in layer.__dict__ for layer in callback.layers))
+
+    learn.add_cbs([callback, Check()])
+    learn.fit(1, 1e-3)
+
+    assert seen and all(seen), "every batch-norm layer computed the partitionable way"
+    layers = [m for m in learn.model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert layers and not any("forward" in layer.__dict__ for layer in layers)
+    assert b"worker" not in pickle.dumps(learn.model)

@@ -94,6 +94,8 @@ def train() -> dict:
     learn.add_cbs(
         [XlaStepCallback(), PrefetchCallback(spmd.placement(setup.device, setup.parallel))]
     )
+    if setup.parallel is not None:  # as `worker.training.build_learner` does
+        learn.add_cb(spmd.PartitionableBatchNormCallback())
     with learn.no_logging(), learn.no_bar():
         learn.fit_one_cycle(4, 1e-2)
     return {
