@@ -1,0 +1,73 @@
+"""Shared by the training benchmarks: the worker's instrumentation around a Learner, and the
+CPU time of this process with every process it started (a logger's service runs apart)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import _setup  # noqa: F401  (first: fixes sys.path)
+
+
+def instrument_like_worker(
+    learn: Any, engine: Any, spec: Any, folder: Path, label: str, epochs: int, xla: bool
+) -> Any:
+    """Add what `worker.training.run` adds to a Learner: per-batch loss and lr, per-epoch
+    metrics, progress, the background writer flushing to the database, the stop check, a
+    checkpoint every epoch, and on XLA the metrics report. Returns the writer to close."""
+    from db import queue
+    from worker.callbacks import (
+        EpochEndCallback,
+        StopCallback,
+        TelemetryCallback,
+        TrainingClock,
+        XlaReportCallback,
+    )
+    from worker.checkpoint import save_checkpoint
+    from worker.reporter import TelemetryWriter
+
+    job_id = queue.enqueue(engine, spec)
+    lease = queue.claim(engine, "bench").lease
+    writer = TelemetryWriter(engine, lease)
+    clock = TrainingClock(epochs, len(learn.dls.train))
+    job_dir = folder / f"job-{job_id}"
+
+    def checkpoint(epoch: int) -> None:
+        save_checkpoint(job_dir, learn, epoch=epoch, lr=1e-2, spec=spec.model_dump(mode="json"))
+
+    learn.add_cbs(
+        [
+            TelemetryCallback(writer, clock, label),
+            StopCallback(threading.Event(), os.getppid()),
+            EpochEndCallback(clock, checkpoint),
+        ]
+    )
+    if xla:
+        learn.add_cb(XlaReportCallback(writer, clock))
+    return writer
+
+
+def _cpu_ticks(stat: str) -> tuple[int, int]:
+    """(parent pid, utime + stime + cutime + cstime) from a /proc/PID/stat line."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[1]), sum(int(value) for value in fields[11:15])
+
+
+def tree_cpu_seconds() -> float:
+    """CPU seconds used so far by this process, its reaped children, and its live descendants."""
+    ticks: dict[int, tuple[int, int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ticks[int(entry.name)] = _cpu_ticks((entry / "stat").read_text())
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, frontier = {os.getpid()}, [os.getpid()]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, (ppid, _) in ticks.items() if ppid == parent]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(ticks[pid][1] for pid in tree if pid in ticks) / os.sysconf("SC_CLK_TCK")

@@ -1,0 +1,232 @@
+"""traindeck against the tools people use instead: training throughput while logging every batch.
+
+    .venv/bin/python bench/peers.py [--quick] [--rounds 3] [--epochs 2] [--img-size 16] [--bs 64]
+                                    [--xla] [--mlflow-sqlite]
+
+Every system trains the same model (the worker's resnet18 Learner), data (the built-in digits),
+seed and epochs, in this one process, interleaved: each round runs every system once, in an
+order rotated from round to round, so the shared machine's noise hits them alike; medians over
+the rounds, after one untimed warm-up fit.
+  plain fastai  no logging at all: the limit (on XLA with the one `torch_xla.sync()` per step
+                that any XLA loop needs)
+  traindeck     the worker's instrumentation: per-batch loss and lr to the database through the
+                background writer, per-epoch metrics, progress, the stop check, a checkpoint
+                every epoch; on XLA also the metrics report and the prefetching loader
+  mlflow        a fastai callback calling `mlflow.log_metrics` (smoothed loss, lr) every batch and
+                the epoch metrics, to a file store in a temporary folder; MLflow's default,
+                synchronous logging; no server (--mlflow-sqlite adds MLflow's SQLite store)
+  tensorboard   fastai's TensorBoardCallback: loss and hyper-parameters every batch (no model
+                graph, no prediction images)
+  wandb         fastai's WandbCallback with WANDB_MODE=offline: loss, raw loss, hyper-parameters
+                every batch (no prediction table; console capture off)
+Each line: the name, images/s (wall clock), images per CPU-second (this process and every
+process it started, such as wandb's service), the CPU-time ratio to plain fastai, and last the
+wall-clock ratio to plain fastai. Nothing leaves the machine: wandb is offline, MLflow writes
+files, their telemetry is off. The machine is shared: the CPU-time ratio is the steadier.
+--quick: 2 rounds of 1 epoch at 16 px on the CPU (about 5 minutes on 2 busy cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import _setup  # noqa: F401  (first: fixes sys.path)
+from _fit import instrument_like_worker, tree_cpu_seconds
+
+OFFLINE_ENVIRONMENT = {
+    "WANDB_MODE": "offline",
+    "WANDB_SILENT": "true",
+    "WANDB_CONSOLE": "off",
+    "WANDB_DISABLE_GIT": "true",
+    "WANDB_DISABLE_CODE": "true",
+    "WANDB_ERROR_REPORTING": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "MLFLOW_ALLOW_FILE_STORE": "true",
+    "DO_NOT_TRACK": "true",
+}
+
+
+@dataclass
+class System:
+    """One system under test: what it adds to a fresh Learner, and what it closes afterwards
+    (outside the timed fit)."""
+
+    name: str
+    prepare: Callable[[Any, int], Callable[[], None] | None]
+    prefetch: bool = False
+    walls: list[float] = field(default_factory=list)
+    cpus: list[float] = field(default_factory=list)
+
+
+def mlflow_logger(tracking_uri: str) -> Callable[[Any, int], Callable[[], None]]:
+    import mlflow
+    from fastai.callback.core import Callback
+    from fastai.learner import Recorder
+
+    class MlflowBatchLogger(Callback):
+        """What a person adds to log every batch to MLflow from fastai."""
+
+        order = Recorder.order + 1
+
+        def after_batch(self) -> None:
+            if self.training:
+                lr = self.opt.hypers[-1]["lr"]
+                mlflow.log_metrics(
+                    {"train_loss": float(self.smooth_loss), "lr": lr}, step=self.train_iter
+                )
+
+        def after_epoch(self) -> None:
+            names, values = self.recorder.metric_names[1:-1], self.recorder.log[1:-1]
+            metrics = {n: float(v) for n, v in zip(names, values, strict=False) if v is not None}
+            mlflow.log_metrics(metrics, step=self.epoch)
+
+    def prepare(learn: Any, round_index: int) -> Callable[[], None]:
+        mlflow.set_tracking_uri(tracking_uri)
+        mlflow.set_experiment("traindeck-peers")
+        mlflow.start_run(run_name=f"round-{round_index}")
+        learn.add_cb(MlflowBatchLogger())
+        return mlflow.end_run
+
+    return prepare
+
+
+def tensorboard_logger(folder: Path) -> Callable[[Any, int], Callable[[], None]]:
+    from fastai.callback.tensorboard import TensorBoardCallback
+
+    def prepare(learn: Any, round_index: int) -> Callable[[], None]:
+        callback = TensorBoardCallback(
+            log_dir=folder / f"tensorboard-{round_index}", trace_model=False, log_preds=False
+        )
+        learn.add_cb(callback)
+        return lambda: callback.writer.close()
+
+    return prepare
+
+
+def wandb_logger(folder: Path) -> Callable[[Any, int], Callable[[], None]]:
+    import wandb
+    from fastai.callback.wandb import WandbCallback
+
+    def prepare(learn: Any, round_index: int) -> Callable[[], None]:
+        wandb.init(
+            project="traindeck-peers",
+            name=f"round-{round_index}",
+            dir=folder,
+            mode="offline",
+            reinit="finish_previous",
+        )
+        learn.add_cb(WandbCallback(log_preds=False))
+        return wandb.finish
+
+    return prepare
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 1 epoch (~5 minutes)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--img-size", type=int, default=16)
+    parser.add_argument("--bs", type=int, default=64)
+    parser.add_argument("--xla", action="store_true", help="XLA on the CPU (PJRT_DEVICE=CPU)")
+    parser.add_argument("--mlflow-sqlite", action="store_true", help="also MLflow's SQLite store")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.epochs = 2, 1
+
+    folder = Path(tempfile.mkdtemp(prefix="traindeck-peers-"))
+    os.environ["TRAINDECK_DATA"] = str(folder)
+    os.environ["DATABASE_URL"] = f"sqlite:///{folder / 'bench.db'}"
+    os.environ["WANDB_DIR"] = str(folder)
+    os.environ.update(OFFLINE_ENVIRONMENT)
+    if args.xla:
+        os.environ.setdefault("PJRT_DEVICE", "CPU")
+
+    from fastai.torch_core import set_seed
+
+    from db.engine import get_engine
+    from db.imagesets import ensure_digits
+    from db.labelling import scan_items
+    from db.migrate import upgrade
+    from db.spec import JobSpec
+    from worker.data import build_dataloaders
+    from worker.training import build_learner, open_device
+
+    engine = get_engine()
+    upgrade(engine)
+    spec = JobSpec(epochs=args.epochs, img_size=args.img_size, bs=args.bs, lr=1e-2,
+                   device="xla" if args.xla else "cpu")  # fmt: skip
+    setup = open_device(spec.device)
+    dls = build_dataloaders(scan_items(ensure_digits(), {"type": "folder"}), spec, setup.device)
+    images_per_fit = len(dls.train) * args.bs * args.epochs
+
+    def traindeck(learn: Any, round_index: int) -> Callable[[], None]:
+        writer = instrument_like_worker(
+            learn, engine, spec, folder, setup.label, args.epochs, args.xla
+        )
+        return writer.close
+
+    systems = [
+        System("plain fastai", lambda learn, round_index: None),
+        System("traindeck", traindeck, prefetch=True),
+        System("mlflow", mlflow_logger(f"file://{folder / 'mlruns'}")),
+        System("tensorboard", tensorboard_logger(folder)),
+        System("wandb", wandb_logger(folder)),
+    ]
+    if args.mlflow_sqlite:
+        systems.append(System("mlflow-sqlite", mlflow_logger(f"sqlite:///{folder / 'mlflow.db'}")))
+    print(f"peers benchmark: resnet18, digits {args.img_size}px, bs {args.bs}, {args.epochs} "
+          f"epoch(s) × {args.rounds} rounds per system, interleaved, on {setup.label}",
+          flush=True)  # fmt: skip
+
+    def fit(system: System, round_index: int) -> tuple[float, float]:
+        set_seed(spec.seed)
+        learn = build_learner(
+            dls, spec, setup.device, folder / f"learner-{round_index}", setup.parallel,
+            prefetch=system.prefetch,
+        )  # fmt: skip
+        close = system.prepare(learn, round_index)
+        started, cpu_started = time.perf_counter(), tree_cpu_seconds()
+        learn.fit_one_cycle(args.epochs, 1e-2)
+        wall, cpu = time.perf_counter() - started, tree_cpu_seconds() - cpu_started
+        if close is not None:
+            close()
+        return wall, cpu
+
+    fit(systems[0], -1)  # warm-up: first-touch costs (and on XLA the compiles) hit no system
+    for round_index in range(args.rounds):
+        shift = round_index % len(systems)
+        for system in systems[shift:] + systems[:shift]:
+            wall, cpu = fit(system, round_index)
+            system.walls.append(wall)
+            system.cpus.append(cpu)
+            print(f"  round {round_index + 1} {system.name:<13} "
+                  f"{images_per_fit / wall:8.1f} images/s {images_per_fit / cpu:8.1f} "
+                  "images/CPU-s", flush=True)  # fmt: skip
+
+    plain_wall = statistics.median(systems[0].walls)
+    plain_cpu = statistics.median(systems[0].cpus)
+    ratios = {}
+    for system in systems:
+        wall, cpu = statistics.median(system.walls), statistics.median(system.cpus)
+        ratios[system.name] = (plain_wall / wall, plain_cpu / cpu)
+        print(f"{system.name:<13} {images_per_fit / wall:8.1f} images/s "
+              f"{images_per_fit / cpu:8.1f} images/CPU-s  CPU-time ratio {plain_cpu / cpu:.3f}  "
+              f"ratio {plain_wall / wall:.3f}")  # fmt: skip
+    peers = [name for name in ratios if name not in ("plain fastai", "traindeck")]
+    ahead = [all(ratios["traindeck"][i] > ratios[peer][i] for peer in peers) for i in (0, 1)]
+    print(f"target: traindeck ≥ 0.98 of plain fastai and ahead of every peer — wall clock "
+          f"{ratios['traindeck'][0]:.3f} ({'ahead' if ahead[0] else 'NOT ahead'}), CPU time "
+          f"{ratios['traindeck'][1]:.3f} ({'ahead' if ahead[1] else 'NOT ahead'})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
