@@ -29,7 +29,8 @@ def _postgres_url(database: str) -> str:
 
 
 def _admin_engine() -> Engine:
-    return create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    # pool_pre_ping: a fault test restarts the server, which kills pooled connections.
+    return create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ from db.queue import JobNotFound, get_job
 
 REFRESH_S = 2
 LIVE_KEY = "job.live"
+TAB_KEY = "job.tab"
 DRAWN_STATUS_KEY = "job.drawn_status"
 LOG_LINES_SHOWN = 300
 
@@ -292,10 +293,13 @@ def live_part(job_id: int) -> None:
         st.rerun(scope="app")  # the buttons and the refresh timer depend on the status
     show_progress(job)
     show_failure(job)
-    tabs = st.tabs([title for title, _ in JOB_TABS])
+    # Lazy tabs: only the open one runs. Every live refresh would otherwise rebuild every
+    # tab's figures and tables, which is what limits how many people can watch at once.
+    tabs = st.tabs([title for title, _ in JOB_TABS], key=TAB_KEY, on_change="rerun")
     for tab, (_, render) in zip(tabs, JOB_TABS, strict=True):
-        with tab:
-            render(engine, job, live)
+        if tab.open:
+            with tab:
+                render(engine, job, live)
 
 
 engine = get_engine()

@@ -39,6 +39,14 @@ def open_page(page: str, **query: object) -> AppTest:
     return at
 
 
+def show_tab(at: AppTest, title: str) -> AppTest:
+    """Open one of the job page's tabs (lazy: only the open tab runs)."""
+    at.session_state["job.tab"] = title
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
 def button(at: AppTest, label: str):
     matches = [b for b in at.button if b.label == label]
     assert matches, f"no button {label!r} among {[b.label for b in at.button]}"
@@ -224,12 +232,14 @@ def test_job_page_shows_a_running_jobs_partial_metrics(engine):
     assert values(batch["data"][0]["x"]).tolist() == list(range(30))
     assert "Loss per epoch" in drawn
     assert "accuracy" in drawn and "Learning-rate schedule" in drawn
-    assert "XLA compiles per epoch" in drawn
+
+    show_tab(at, "Diagnostics")
+    assert "XLA compiles per epoch" in {f["layout"]["title"]["text"] for f in figures(at)}
 
     assert "No new XLA graphs after the warm-up epochs." in [m.value for m in at.success]
     fallbacks = at.dataframe[1].value
     assert fallbacks["op"].tolist() == ["aten::_local_scalar_dense", "aten::nonzero"]
-    log = texts(at)
+    log = texts(show_tab(at, "Log"))
     assert "epoch 0 done: valid_loss 1.2" in log and "claimed by worker worker-a" in log
 
 
@@ -253,7 +263,7 @@ def test_job_page_draws_only_new_points_on_refresh(sqlite_engine):
 
 def test_job_page_offers_a_finished_jobs_model_with_its_sha256(engine):
     done_id, export = seed.finished_job(engine)
-    at = open_page("pages/job.py", job=done_id)
+    at = show_tab(open_page("pages/job.py", job=done_id), "Artifacts")
 
     from db.files import sha256_file
 
@@ -391,7 +401,7 @@ def test_job_page_of_a_cuda_job_shows_its_device_and_memory(sqlite_engine):
     )
     write_metrics(sqlite_engine, claimed.id, [MetricPoint("epoch/cuda_max_memory_mb", 0, 5120.0)])
 
-    at = open_page("pages/job.py", job=claimed.id)
+    at = show_tab(open_page("pages/job.py", job=claimed.id), "Diagnostics")
 
     assert "**Device:** cuda:0 (NVIDIA H200)" in texts(at)
     assert {m.label: m.value for m in at.metric}["CUDA peak memory (latest epoch)"] == "5,120 MB"
@@ -399,7 +409,7 @@ def test_job_page_of_a_cuda_job_shows_its_device_and_memory(sqlite_engine):
 
 def test_the_log_can_be_searched(sqlite_engine):
     live = seed.running_job(sqlite_engine)
-    at = open_page("pages/job.py", job=live.id)
+    at = show_tab(open_page("pages/job.py", job=live.id), "Log")
     at.text_input(key="job.log_search").input("VALID_LOSS").run()
 
     log = at.code[-1].value
@@ -426,7 +436,7 @@ def test_job_page_warns_when_xla_keeps_compiling_after_the_warm_up(sqlite_engine
     from db.telemetry import add_xla_report
 
     live = seed.running_job(sqlite_engine)
-    at = open_page("pages/job.py", job=live.id)
+    at = show_tab(open_page("pages/job.py", job=live.id), "Diagnostics")
     assert not [w.value for w in at.warning]
 
     add_xla_report(sqlite_engine, live.id, 2, seed.xla_summary(25), "Metric: CompileTime")

@@ -68,6 +68,7 @@ def test_the_job_page_shows_cache_hits_and_misses(engine, _fresh_engine_cache):
     at = AppTest.from_file(APP, default_timeout=60)
     at.switch_page("pages/job.py")
     at.query_params["job"] = str(job.id)
+    at.session_state["job.tab"] = "Diagnostics"  # tabs are lazy: only the open one runs
     at.run()
 
     assert not at.exception, [e.value for e in at.exception]
