@@ -4,7 +4,8 @@ After `torch_xla.runtime.use_spmd()` the process sees one virtual device. A 1-D 
 physical devices names the batch axis `data`; each input batch is copied to the devices split
 along its first dimension, and everything else (parameters, optimizer state) is replicated,
 SPMD's default. XLA's partitioner turns the one traced step into a per-device program and
-inserts the all-reduces (of the gradients, and of batch norm's statistics), so fastai's Learner,
+inserts the all-reduces (of the gradients, and of batch norm's statistics, which is why batch
+norm runs as plain reductions during the fit: `partitionable_batch_norm`), so fastai's Learner,
 callbacks and metrics still see one model and one global batch, and the numbers match a run on
 one device.
 
