@@ -8,15 +8,23 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import _setup  # noqa: F401  (first: fixes sys.path)
+import _setup  # noqa: F401  (imported first by the script: fixes sys.path)
 
 
 def instrument_like_worker(
-    learn: Any, engine: Any, spec: Any, folder: Path, label: str, epochs: int, xla: bool
+    learn: Any,
+    engine: Any,
+    spec: Any,
+    folder: Path,
+    label: str,
+    epochs: int,
+    xla: bool,
+    checkpoints: bool = True,
 ) -> Any:
     """Add what `worker.training.run` adds to a Learner: per-batch loss and lr, per-epoch
     metrics, progress, the background writer flushing to the database, the stop check, a
-    checkpoint every epoch, and on XLA the metrics report. Returns the writer to close."""
+    checkpoint every epoch (unless `checkpoints` is off), and on XLA the metrics report.
+    Returns the writer to close."""
     from db import queue
     from worker.callbacks import (
         EpochEndCallback,
@@ -33,20 +41,31 @@ def instrument_like_worker(
     writer = TelemetryWriter(engine, lease)
     clock = TrainingClock(epochs, len(learn.dls.train))
     job_dir = folder / f"job-{job_id}"
+    job_dir.mkdir(parents=True)  # as the worker's job process does
 
     def checkpoint(epoch: int) -> None:
         save_checkpoint(job_dir, learn, epoch=epoch, lr=1e-2, spec=spec.model_dump(mode="json"))
 
     learn.add_cbs(
-        [
-            TelemetryCallback(writer, clock, label),
-            StopCallback(threading.Event(), os.getppid()),
-            EpochEndCallback(clock, checkpoint),
-        ]
+        [TelemetryCallback(writer, clock, label), StopCallback(threading.Event(), os.getppid())]
     )
+    if checkpoints:
+        learn.add_cb(EpochEndCallback(clock, checkpoint))
     if xla:
         learn.add_cb(XlaReportCallback(writer, clock))
     return writer
+
+
+def check_fit_finished(learn: Any, epochs: int) -> None:
+    """A fit that stopped early (a failed checkpoint ends it quietly) would count images it
+    never trained: refuse its figures."""
+    from worker.callbacks import EpochEndCallback
+
+    for callback in learn.cbs:
+        if isinstance(callback, EpochEndCallback) and callback.failure is not None:
+            raise SystemExit(f"a checkpoint failed, the fit stopped early: {callback.failure}")
+    if len(learn.recorder.values) != epochs:
+        raise SystemExit(f"the fit stopped after {len(learn.recorder.values)} of {epochs} epochs")
 
 
 def _cpu_ticks(stat: str) -> tuple[int, int]:

@@ -20,11 +20,12 @@ import argparse
 import os
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import _setup  # noqa: F401  (first: fixes sys.path)
+
+from bench._fit import check_fit_finished, instrument_like_worker
 
 
 def _counters() -> tuple[int, int]:
@@ -50,22 +51,12 @@ def main() -> None:
     if args.xla:
         os.environ.setdefault("PJRT_DEVICE", "CPU")
 
-    from db import queue
     from db.engine import get_engine
     from db.imagesets import ensure_digits
     from db.labelling import scan_items
     from db.migrate import upgrade
     from db.spec import JobSpec
-    from worker.callbacks import (
-        EpochEndCallback,
-        StopCallback,
-        TelemetryCallback,
-        TrainingClock,
-        XlaReportCallback,
-    )
-    from worker.checkpoint import save_checkpoint
     from worker.data import build_dataloaders
-    from worker.reporter import TelemetryWriter
     from worker.training import build_learner, open_device
 
     engine = get_engine()
@@ -90,19 +81,9 @@ def main() -> None:
         steps = len(dls.train) * args.epochs
         writer = None
         if instrumented:
-            job_id = queue.enqueue(engine, spec)
-            lease = queue.claim(engine, "bench").lease
-            writer = TelemetryWriter(engine, lease)
-            clock = TrainingClock(args.epochs, len(dls.train))
-            learn.add_cbs([
-                TelemetryCallback(writer, clock, label),
-                StopCallback(threading.Event(), os.getppid()),
-                EpochEndCallback(clock, lambda epoch: save_checkpoint(
-                    folder / f"job-{job_id}", learn, epoch=epoch, lr=1e-2,
-                    spec=spec.model_dump(mode="json"))),
-            ])  # fmt: skip
-            if args.xla:
-                learn.add_cb(XlaReportCallback(writer, clock))
+            writer = instrument_like_worker(
+                learn, engine, spec, folder, label, args.epochs, args.xla
+            )
         before = _counters() if args.xla else (0, 0)
         started, cpu_started = time.perf_counter(), time.process_time()
         learn.fit_one_cycle(args.epochs, 1e-2)
@@ -110,6 +91,7 @@ def main() -> None:
         after = _counters() if args.xla else (0, 0)
         if writer is not None:
             writer.close()
+        check_fit_finished(learn, args.epochs)
         transfers = (after[0] - before[0]) / steps
         executions = (after[1] - before[1]) / steps
         return images_per_run / elapsed, transfers, executions, images_per_run / cpu_seconds

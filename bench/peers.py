@@ -1,29 +1,35 @@
 """traindeck against the tools people use instead: training throughput while logging every batch.
 
-    .venv/bin/python bench/peers.py [--quick] [--rounds 3] [--epochs 2] [--img-size 16] [--bs 64]
+    .venv/bin/python bench/peers.py [--quick] [--rounds 6] [--epochs 3] [--img-size 16] [--bs 64]
                                     [--xla] [--mlflow-sqlite]
 
 Every system trains the same model (the worker's resnet18 Learner), data (the built-in digits),
 seed and epochs, in this one process, interleaved: each round runs every system once, in an
 order rotated from round to round, so the shared machine's noise hits them alike; medians over
-the rounds, after one untimed warm-up fit.
+the rounds of each round's ratio to plain fastai, after an untimed warm-up round.
   plain fastai  no logging at all: the limit (on XLA with the one `torch_xla.sync()` per step
                 that any XLA loop needs)
   traindeck     the worker's instrumentation: per-batch loss and lr to the database through the
-                background writer, per-epoch metrics, progress, the stop check, a checkpoint
-                every epoch; on XLA also the metrics report and the prefetching loader
+                background writer, per-epoch metrics, progress, the stop check; on XLA also the
+                metrics report and the prefetching loader
   mlflow        a fastai callback calling `mlflow.log_metrics` (smoothed loss, lr) every batch and
                 the epoch metrics, to a file store in a temporary folder; MLflow's default,
                 synchronous logging; no server (--mlflow-sqlite adds MLflow's SQLite store)
   tensorboard   fastai's TensorBoardCallback: loss and hyper-parameters every batch (no model
                 graph, no prediction images)
   wandb         fastai's WandbCallback with WANDB_MODE=offline: loss, raw loss, hyper-parameters
-                every batch (no prediction table; console capture off)
+                every batch (no prediction table; console capture off; an empty config, as
+                fastai 2.8.12 cannot format any config value with this fastcore)
+  traindeck+checkpoints  traindeck as the worker runs it, with a checkpoint (model and
+                optimizer, written and fsynced) after every epoch, which no peer does: with
+                --quick's short epochs the checkpoint weighs far more than in a real job
 Each line: the name, images/s (wall clock), images per CPU-second (this process and every
 process it started, such as wandb's service), the CPU-time ratio to plain fastai, and last the
 wall-clock ratio to plain fastai. Nothing leaves the machine: wandb is offline, MLflow writes
 files, their telemetry is off. The machine is shared: the CPU-time ratio is the steadier.
---quick: 2 rounds of 1 epoch at 16 px on the CPU (about 5 minutes on 2 busy cores).
+--quick: 4 rounds of 2 epochs at 16 px on the CPU (about 4 minutes on 2 quiet cores, more on
+busy ones; the full run, 6 rounds of 3 epochs, about 10). Short fits on a shared machine vary
+by ±15% from round to round: read the medians, and more rounds narrow them.
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import _setup  # noqa: F401  (first: fixes sys.path)
-from _fit import instrument_like_worker, tree_cpu_seconds
+
+from bench._fit import check_fit_finished, instrument_like_worker, tree_cpu_seconds
 
 OFFLINE_ENVIRONMENT = {
     "WANDB_MODE": "offline",
@@ -111,11 +118,14 @@ def tensorboard_logger(folder: Path) -> Callable[[Any, int], Callable[[], None]]
     return prepare
 
 
-def wandb_logger(folder: Path) -> Callable[[Any, int], Callable[[], None]]:
+def wandb_logger(
+    folder: Path, plain_config: Callable[[Any], None]
+) -> Callable[[Any, int], Callable[[], None]]:
     import wandb
     from fastai.callback.wandb import WandbCallback
 
     def prepare(learn: Any, round_index: int) -> Callable[[], None]:
+        plain_config(learn)
         wandb.init(
             project="traindeck-peers",
             name=f"round-{round_index}",
@@ -131,16 +141,16 @@ def wandb_logger(folder: Path) -> Callable[[Any, int], Callable[[], None]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 1 epoch (~5 minutes)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="4 rounds of 2 epochs (~5 minutes)")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--img-size", type=int, default=16)
     parser.add_argument("--bs", type=int, default=64)
     parser.add_argument("--xla", action="store_true", help="XLA on the CPU (PJRT_DEVICE=CPU)")
     parser.add_argument("--mlflow-sqlite", action="store_true", help="also MLflow's SQLite store")
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.epochs = 2, 1
+        args.rounds, args.epochs = 4, 2
 
     folder = Path(tempfile.mkdtemp(prefix="traindeck-peers-"))
     os.environ["TRAINDECK_DATA"] = str(folder)
@@ -168,18 +178,28 @@ def main() -> None:
     dls = build_dataloaders(scan_items(ensure_digits(), {"type": "folder"}), spec, setup.device)
     images_per_fit = len(dls.train) * args.bs * args.epochs
 
-    def traindeck(learn: Any, round_index: int) -> Callable[[], None]:
-        writer = instrument_like_worker(
-            learn, engine, spec, folder, setup.label, args.epochs, args.xla
-        )
-        return writer.close
+    def traindeck(checkpoints: bool) -> Callable[[Any, int], Callable[[], None]]:
+        def prepare(learn: Any, round_index: int) -> Callable[[], None]:
+            writer = instrument_like_worker(
+                learn, engine, spec, folder, setup.label, args.epochs, args.xla, checkpoints
+            )
+            return writer.close
+
+        return prepare
+
+    def plain_config(learn: Any) -> None:
+        # fastai 2.8.12's WandbCallback formats `learn.gather_args()` with fastcore's
+        # init_args, which calls vars() on every value and fails on a plain str or int; with
+        # no config to format it runs, and the config update is a one-off cost anyway.
+        learn.gather_args = dict
 
     systems = [
         System("plain fastai", lambda learn, round_index: None),
-        System("traindeck", traindeck, prefetch=True),
+        System("traindeck", traindeck(checkpoints=False), prefetch=True),
         System("mlflow", mlflow_logger(f"file://{folder / 'mlruns'}")),
         System("tensorboard", tensorboard_logger(folder)),
-        System("wandb", wandb_logger(folder)),
+        System("wandb", wandb_logger(folder, plain_config)),
+        System("traindeck+checkpoints", traindeck(checkpoints=True), prefetch=True),
     ]
     if args.mlflow_sqlite:
         systems.append(System("mlflow-sqlite", mlflow_logger(f"sqlite:///{folder / 'mlflow.db'}")))
@@ -199,29 +219,36 @@ def main() -> None:
         wall, cpu = time.perf_counter() - started, tree_cpu_seconds() - cpu_started
         if close is not None:
             close()
+        check_fit_finished(learn, args.epochs)
         return wall, cpu
 
-    fit(systems[0], -1)  # warm-up: first-touch costs (and on XLA the compiles) hit no system
+    for system in systems:  # an untimed warm-up round: first-touch costs, each tool's set-up
+        fit(system, -1)  # (imports, experiment, service) and on XLA the compiles count nowhere
     for round_index in range(args.rounds):
         shift = round_index % len(systems)
         for system in systems[shift:] + systems[:shift]:
             wall, cpu = fit(system, round_index)
             system.walls.append(wall)
             system.cpus.append(cpu)
-            print(f"  round {round_index + 1} {system.name:<13} "
+            print(f"  round {round_index + 1} {system.name:<21} "
                   f"{images_per_fit / wall:8.1f} images/s {images_per_fit / cpu:8.1f} "
                   "images/CPU-s", flush=True)  # fmt: skip
 
-    plain_wall = statistics.median(systems[0].walls)
-    plain_cpu = statistics.median(systems[0].cpus)
+    # Ratios are taken round by round (the load on a shared machine drifts between rounds,
+    # less within one), then their median.
+    plain = systems[0]
     ratios = {}
     for system in systems:
+        wall_ratio = statistics.median(
+            p / s for p, s in zip(plain.walls, system.walls, strict=True)
+        )
+        cpu_ratio = statistics.median(p / s for p, s in zip(plain.cpus, system.cpus, strict=True))
+        ratios[system.name] = (wall_ratio, cpu_ratio)
         wall, cpu = statistics.median(system.walls), statistics.median(system.cpus)
-        ratios[system.name] = (plain_wall / wall, plain_cpu / cpu)
-        print(f"{system.name:<13} {images_per_fit / wall:8.1f} images/s "
-              f"{images_per_fit / cpu:8.1f} images/CPU-s  CPU-time ratio {plain_cpu / cpu:.3f}  "
-              f"ratio {plain_wall / wall:.3f}")  # fmt: skip
-    peers = [name for name in ratios if name not in ("plain fastai", "traindeck")]
+        print(f"{system.name:<21} {images_per_fit / wall:8.1f} images/s "
+              f"{images_per_fit / cpu:8.1f} images/CPU-s  CPU-time ratio {cpu_ratio:.3f}  "
+              f"ratio {wall_ratio:.3f}")  # fmt: skip
+    peers = [name for name in ratios if name in ("mlflow", "tensorboard", "wandb")]
     ahead = [all(ratios["traindeck"][i] > ratios[peer][i] for peer in peers) for i in (0, 1)]
     print(f"target: traindeck ≥ 0.98 of plain fastai and ahead of every peer — wall clock "
           f"{ratios['traindeck'][0]:.3f} ({'ahead' if ahead[0] else 'NOT ahead'}), CPU time "
