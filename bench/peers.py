@@ -1,7 +1,7 @@
 """traindeck against the tools people use instead: training throughput while logging every batch.
 
     .venv/bin/python bench/peers.py [--quick] [--rounds 6] [--epochs 3] [--img-size 16] [--bs 64]
-                                    [--xla] [--mlflow-sqlite]
+                                    [--xla] [--mlflow-sqlite] [--tiny]
 
 Every system trains the same model (the worker's resnet18 Learner), data (the built-in digits),
 seed and epochs, in this one process, interleaved: each round runs every system once, in an
@@ -29,12 +29,15 @@ wall-clock ratio to plain fastai. Nothing leaves the machine: wandb is offline, 
 files, their telemetry is off. The machine is shared: the CPU-time ratio is the steadier.
 --quick: 4 rounds of 2 epochs at 16 px on the CPU (about 4 minutes on 2 quiet cores, more on
 busy ones; the full run, 6 rounds of 3 epochs, about 10). Short fits on a shared machine vary
-by ±15% from round to round: read the medians, and more rounds narrow them.
+by ±15% from round to round: read the medians, and more rounds narrow them. With resnet18 a
+CPU step takes ~150 ms and two scalars logged per batch cost every tool well under that noise;
+--tiny trains one linear layer instead, whose steps are short enough for the logging to show.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import tempfile
@@ -148,7 +151,15 @@ def main() -> None:
     parser.add_argument("--bs", type=int, default=64)
     parser.add_argument("--xla", action="store_true", help="XLA on the CPU (PJRT_DEVICE=CPU)")
     parser.add_argument("--mlflow-sqlite", action="store_true", help="also MLflow's SQLite store")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="a one-layer model instead of resnet18: steps of a millisecond or two, so what "
+        "each tool's logging costs per batch shows above the noise (CPU only)",
+    )
     args = parser.parse_args()
+    if args.tiny and args.xla:
+        parser.error("--tiny runs on the CPU; leave out --xla")
     if args.quick:
         args.rounds, args.epochs = 4, 2
 
@@ -203,17 +214,37 @@ def main() -> None:
     ]
     if args.mlflow_sqlite:
         systems.append(System("mlflow-sqlite", mlflow_logger(f"sqlite:///{folder / 'mlflow.db'}")))
-    print(f"peers benchmark: resnet18, digits {args.img_size}px, bs {args.bs}, {args.epochs} "
+    model_name = "one linear layer (--tiny)" if args.tiny else "resnet18"
+    print(f"peers benchmark: {model_name}, digits {args.img_size}px, bs {args.bs}, {args.epochs} "
           f"epoch(s) × {args.rounds} rounds per system, interleaved, on {setup.label}",
           flush=True)  # fmt: skip
 
+    def tiny_learner() -> Any:
+        from fastai.callback.progress import ProgressCallback
+        from fastai.learner import Learner
+        from fastai.losses import CrossEntropyLossFlat
+        from fastai.metrics import accuracy, error_rate
+        from torch import nn
+
+        inputs = 3 * args.img_size * args.img_size
+        model = nn.Sequential(nn.Flatten(), nn.Linear(inputs, dls.c))
+        learn = Learner(dls, model, loss_func=CrossEntropyLossFlat(),
+                        metrics=[accuracy, error_rate], path=folder)  # fmt: skip
+        learn.remove_cb(ProgressCallback)
+        learn.logger = lambda *_: None
+        return learn
+
     def fit(system: System, round_index: int) -> tuple[float, float]:
         set_seed(spec.seed)
-        learn = build_learner(
-            dls, spec, setup.device, folder / f"learner-{round_index}", setup.parallel,
-            prefetch=system.prefetch,
-        )  # fmt: skip
+        if args.tiny:
+            learn = tiny_learner()
+        else:
+            learn = build_learner(
+                dls, spec, setup.device, folder / f"learner-{round_index}", setup.parallel,
+                prefetch=system.prefetch,
+            )  # fmt: skip
         close = system.prepare(learn, round_index)
+        gc.collect()  # the previous fits' garbage is collected now, not during this one
         started, cpu_started = time.perf_counter(), tree_cpu_seconds()
         learn.fit_one_cycle(args.epochs, 1e-2)
         wall, cpu = time.perf_counter() - started, tree_cpu_seconds() - cpu_started
