@@ -4,11 +4,52 @@ CPU time of this process with every process it started (a logger's service runs 
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import _setup  # noqa: F401  (imported first by the script: fixes sys.path)
+
+
+@dataclass
+class DigitsFit:
+    """What every arm of a training benchmark shares: a scratch data folder with its SQLite
+    database, the job spec, the opened device and the digits DataLoaders."""
+
+    folder: Path
+    engine: Any
+    spec: Any
+    setup: Any
+    dls: Any
+    images_per_fit: int
+
+
+def prepare_digits_fit(prefix: str, epochs: int, img_size: int, bs: int, xla: bool) -> DigitsFit:
+    """Point traindeck at a fresh temporary folder and build the digits DataLoaders as the
+    worker does, on the CPU or (`xla`) on XLA's CPU device."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    os.environ["TRAINDECK_DATA"] = str(folder)
+    os.environ["DATABASE_URL"] = f"sqlite:///{folder / 'bench.db'}"
+    if xla:
+        os.environ.setdefault("PJRT_DEVICE", "CPU")
+
+    from db.engine import get_engine
+    from db.imagesets import ensure_digits
+    from db.labelling import scan_items
+    from db.migrate import upgrade
+    from db.spec import JobSpec
+    from worker.data import build_dataloaders
+    from worker.training import open_device
+
+    engine = get_engine()
+    upgrade(engine)
+    spec = JobSpec(epochs=epochs, img_size=img_size, bs=bs, lr=1e-2,
+                   device="xla" if xla else "cpu")  # fmt: skip
+    setup = open_device(spec.device)
+    dls = build_dataloaders(scan_items(ensure_digits(), {"type": "folder"}), spec, setup.device)
+    return DigitsFit(folder, engine, spec, setup, dls, len(dls.train) * bs * epochs)
 
 
 def instrument_like_worker(

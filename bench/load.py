@@ -30,13 +30,11 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +50,7 @@ from db.engine import create_db_engine, read_tx
 from db.migrate import upgrade
 from db.models import Metric
 from db.telemetry import MetricPoint
+from tests.browser import DashboardDidNotStart, start_dashboard, stop_dashboard
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS_PER_EPOCH = 200
@@ -202,45 +201,6 @@ async def watched_phase(base_url: str, jobs: list[tuple[int, str]], sessions: in
 # --- the run -----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start_dashboard(env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    command = [
-        str(Path(sys.executable).parent / "streamlit"),
-        "run",
-        "dashboard/app.py",
-        "--server.headless",
-        "true",
-        "--server.port",
-        str(port),
-        "--server.address",
-        "127.0.0.1",
-        "--browser.serverAddress",
-        "localhost",
-    ]
-    with open(log, "w") as output:
-        server = subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT
-        )
-    base_url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"streamlit exited:\n{log.read_text()}")
-        try:
-            with urllib.request.urlopen(f"{base_url}/_stcore/health", timeout=2):
-                return server, base_url
-        except OSError:
-            time.sleep(0.5)
-    server.kill()
-    raise SystemExit("streamlit did not start within 90 s")
-
-
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else float("nan")
@@ -261,7 +221,10 @@ def run(url: str, args: argparse.Namespace, workdir: Path) -> None:
 
     env = dict(os.environ, DATABASE_URL=url, TRAINDECK_DATA=str(workdir))
     env.pop("TRAINDECK_PASSWORD_HASH", None)
-    server, base_url = start_dashboard(env, workdir / "streamlit.log")
+    try:
+        server, base_url = start_dashboard("127.0.0.1", env, workdir / "streamlit.log")
+    except DashboardDidNotStart as exc:
+        raise SystemExit(str(exc)) from None
     # Quiet and watched phases, quiet first and last.
     phases = ["quiet", "watched"] * args.rounds + ["quiet"]
     warmup_s = 5.0
@@ -316,11 +279,7 @@ def run(url: str, args: argparse.Namespace, workdir: Path) -> None:
         for process in workers:
             if process.poll() is None:
                 process.kill()
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_dashboard(server)
 
     results = [json.loads(path.read_text()) for path in outputs]
     report(url, results, bounds, all_stats)

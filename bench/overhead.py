@@ -17,15 +17,12 @@ the device→host transfers and graph executions per step of each (target: B add
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import _setup  # noqa: F401  (first: fixes sys.path)
 
-from bench._fit import check_fit_finished, instrument_like_worker
+from bench._fit import check_fit_finished, instrument_like_worker, prepare_digits_fit
 
 
 def _counters() -> tuple[int, int]:
@@ -45,29 +42,14 @@ def main() -> None:
     parser.add_argument("--xla", action="store_true", help="XLA on the CPU (PJRT_DEVICE=CPU)")
     args = parser.parse_args()
 
-    folder = Path(tempfile.mkdtemp(prefix="traindeck-overhead-"))
-    os.environ["TRAINDECK_DATA"] = str(folder)
-    os.environ["DATABASE_URL"] = f"sqlite:///{folder / 'bench.db'}"
-    if args.xla:
-        os.environ.setdefault("PJRT_DEVICE", "CPU")
-
-    from db.engine import get_engine
-    from db.imagesets import ensure_digits
-    from db.labelling import scan_items
-    from db.migrate import upgrade
-    from db.spec import JobSpec
-    from worker.data import build_dataloaders
-    from worker.training import build_learner, open_device
-
-    engine = get_engine()
-    upgrade(engine)
-    spec = JobSpec(epochs=args.epochs, img_size=args.img_size, bs=args.bs, lr=1e-2,
-                   device="xla" if args.xla else "cpu")  # fmt: skip
-    setup = open_device(spec.device)
+    bench = prepare_digits_fit("traindeck-overhead-", args.epochs, args.img_size, args.bs, args.xla)
+    folder, engine, spec = bench.folder, bench.engine, bench.spec
+    setup, dls = bench.setup, bench.dls
     device, label = setup.device, setup.label
-    items = scan_items(ensure_digits(), {"type": "folder"})
-    dls = build_dataloaders(items, spec, device)
-    images_per_run = len(dls.train) * args.bs * args.epochs
+    images_per_run = bench.images_per_fit
+
+    from worker.training import build_learner
+
     print(f"overhead benchmark: resnet18, digits {args.img_size}px, bs {args.bs}, "
           f"{args.epochs} epochs × {args.rounds} rounds per arm, on {label}")  # fmt: skip
 

@@ -40,7 +40,6 @@ import argparse
 import gc
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,7 +48,12 @@ from typing import Any
 
 import _setup  # noqa: F401  (first: fixes sys.path)
 
-from bench._fit import check_fit_finished, instrument_like_worker, tree_cpu_seconds
+from bench._fit import (
+    check_fit_finished,
+    instrument_like_worker,
+    prepare_digits_fit,
+    tree_cpu_seconds,
+)
 
 OFFLINE_ENVIRONMENT = {
     "WANDB_MODE": "offline",
@@ -163,31 +167,21 @@ def main() -> None:
     if args.quick:
         args.rounds, args.epochs = 4, 2
 
-    folder = Path(tempfile.mkdtemp(prefix="traindeck-peers-"))
-    os.environ["TRAINDECK_DATA"] = str(folder)
-    os.environ["DATABASE_URL"] = f"sqlite:///{folder / 'bench.db'}"
-    os.environ["WANDB_DIR"] = str(folder)
     os.environ.update(OFFLINE_ENVIRONMENT)
-    if args.xla:
-        os.environ.setdefault("PJRT_DEVICE", "CPU")
+    bench = prepare_digits_fit("traindeck-peers-", args.epochs, args.img_size, args.bs, args.xla)
+    folder, engine, spec, setup, dls = (
+        bench.folder,
+        bench.engine,
+        bench.spec,
+        bench.setup,
+        bench.dls,
+    )
+    images_per_fit = bench.images_per_fit
+    os.environ["WANDB_DIR"] = str(folder)
 
     from fastai.torch_core import set_seed
 
-    from db.engine import get_engine
-    from db.imagesets import ensure_digits
-    from db.labelling import scan_items
-    from db.migrate import upgrade
-    from db.spec import JobSpec
-    from worker.data import build_dataloaders
-    from worker.training import build_learner, open_device
-
-    engine = get_engine()
-    upgrade(engine)
-    spec = JobSpec(epochs=args.epochs, img_size=args.img_size, bs=args.bs, lr=1e-2,
-                   device="xla" if args.xla else "cpu")  # fmt: skip
-    setup = open_device(spec.device)
-    dls = build_dataloaders(scan_items(ensure_digits(), {"type": "folder"}), spec, setup.device)
-    images_per_fit = len(dls.train) * args.bs * args.epochs
+    from worker.training import build_learner
 
     def traindeck(checkpoints: bool) -> Callable[[Any, int], Callable[[], None]]:
         def prepare(learn: Any, round_index: int) -> Callable[[], None]:

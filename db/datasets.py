@@ -39,6 +39,28 @@ def get_dataset(engine: Engine, name: str) -> Dataset | None:
         return dataset
 
 
+def _dataset_row(
+    name: str,
+    kind: str,
+    location: str,
+    label_rule: dict[str, Any],
+    classes: list[str],
+    class_counts: dict[str, int],
+    bad_files: list[str] | None,
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "kind": kind,
+        "location": location,
+        "label_rule": label_rule,
+        "classes": classes,
+        "class_counts": class_counts,
+        "item_count": sum(class_counts.values()),
+        "bad_files": bad_files or [],
+        "created_at": utcnow(),
+    }
+
+
 def save_dataset(
     engine: Engine,
     *,
@@ -51,21 +73,10 @@ def save_dataset(
     bad_files: list[str] | None = None,
 ) -> None:
     """Insert or replace the registry row of one dataset."""
+    row = _dataset_row(name, kind, location, label_rule, classes, class_counts, bad_files)
     with write_tx(engine) as connection:
         connection.execute(delete(Dataset).where(Dataset.name == name))
-        connection.execute(
-            Dataset.__table__.insert().values(
-                name=name,
-                kind=kind,
-                location=location,
-                label_rule=label_rule,
-                classes=classes,
-                class_counts=class_counts,
-                item_count=sum(class_counts.values()),
-                bad_files=bad_files or [],
-                created_at=utcnow(),
-            )
-        )
+        connection.execute(Dataset.__table__.insert().values(**row))
 
 
 def insert_dataset(
@@ -80,21 +91,10 @@ def insert_dataset(
     bad_files: list[str] | None = None,
 ) -> None:
     """Add the registry row of a new dataset; DatasetExists if the name is taken."""
+    row = _dataset_row(name, kind, location, label_rule, classes, class_counts, bad_files)
     try:
         with write_tx(engine) as connection:
-            connection.execute(
-                Dataset.__table__.insert().values(
-                    name=name,
-                    kind=kind,
-                    location=location,
-                    label_rule=label_rule,
-                    classes=classes,
-                    class_counts=class_counts,
-                    item_count=sum(class_counts.values()),
-                    bad_files=bad_files or [],
-                    created_at=utcnow(),
-                )
-            )
+            connection.execute(Dataset.__table__.insert().values(**row))
     except IntegrityError:
         raise DatasetExists(f"a dataset named {name!r} is already registered") from None
 

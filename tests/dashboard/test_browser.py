@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,10 +20,9 @@ from db import queue
 from db.artifacts import record_artifact
 from db.files import job_dir, sha256_file
 from db.telemetry import write_metrics
+from tests.browser import CHROMIUM, ROOT, chromium, new_page, running_dashboard
 from tests.dashboard import seed
 
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
 SCREENSHOT = ROOT / "test-output" / "dashboard" / "job_page_live.png"
 
 pytestmark = [
@@ -36,72 +31,16 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _wait_until_healthy(base_url: str, server: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            pytest.fail(f"streamlit exited with {server.returncode}:\n{log.read_text()}")
-        try:
-            with urllib.request.urlopen(f"{base_url}/_stcore/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    pytest.fail(f"streamlit did not answer within 90 s:\n{log.read_text()}")
-
-
 @pytest.fixture
 def dashboard_url(sqlite_engine, data_dir: Path, tmp_path: Path) -> Iterator[str]:
-    port = _free_port()
-    log = tmp_path / "streamlit.log"
-    # The console script, as the Procfile runs it (`python -m` would put the cwd on sys.path).
-    command = [
-        str(Path(sys.executable).parent / "streamlit"),
-        "run",
-        "dashboard/app.py",
-        "--server.headless",
-        "true",
-        "--server.port",
-        str(port),
-        "--server.address",
-        "127.0.0.1",
-    ]
-    with open(log, "w") as output:
-        server = subprocess.Popen(
-            command, cwd=ROOT, env=dict(os.environ), stdout=output, stderr=subprocess.STDOUT
-        )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_until_healthy(base_url, server, log)
-        yield base_url
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    with running_dashboard("127.0.0.1", dict(os.environ), tmp_path / "streamlit.log") as url:
+        yield url
 
 
 @pytest.fixture
 def browser_page():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(30_000)
-        yield page
-        browser.close()
+    with chromium() as browser:
+        yield new_page(browser, height=1000)
 
 
 class MetricWriter(threading.Thread):

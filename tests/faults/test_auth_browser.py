@@ -13,11 +13,6 @@ A screenshot of the sign-in page is saved as test-output/faults/signin.png.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,9 +22,8 @@ from dashboard import auth
 from db import queue
 from db.artifacts import record_artifact
 from db.files import job_dir
+from tests.browser import CHROMIUM, ROOT, chromium, new_page, running_dashboard
 
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "a long enough browser password"
 SCREENSHOT = ROOT / "test-output" / "faults" / "signin.png"
 
@@ -37,47 +31,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}"),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("0.0.0.0", 0))
-        return probe.getsockname()[1]
-
-
-def _start_dashboard(address: str, env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    command = [
-        str(Path(sys.executable).parent / "streamlit"),
-        "run",
-        "dashboard/app.py",
-        "--server.headless",
-        "true",
-        "--server.port",
-        str(port),
-        "--server.address",
-        address,
-        # Set by hand, so Streamlit does not look up this machine's external IP on the internet.
-        "--browser.serverAddress",
-        "localhost",
-    ]
-    with open(log, "w") as output:
-        server = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT
-        )
-    base_url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            pytest.fail(f"streamlit exited with {server.returncode}:\n{log.read_text()}")
-        try:
-            with urllib.request.urlopen(f"{base_url}/_stcore/health", timeout=2) as response:
-                if response.status == 200:
-                    return server, base_url
-        except OSError:
-            time.sleep(0.5)
-    server.kill()
-    pytest.fail(f"streamlit did not answer within 90 s:\n{log.read_text()}")
 
 
 @pytest.fixture
@@ -100,37 +53,19 @@ def exposed_dashboard(finished_job, tmp_path: Path) -> Iterator[str]:
     env = dict(os.environ)
     env[auth.PASSWORD_HASH_ENV] = auth.hash_password(PASSWORD)
     env.pop(auth.AUTH_MODE_ENV, None)
-    server, base_url = _start_dashboard("0.0.0.0", env, tmp_path / "streamlit.log")
-    try:
+    with running_dashboard("0.0.0.0", env, tmp_path / "streamlit.log") as base_url:
         yield base_url
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
     assert "sign-in required: password" in (tmp_path / "streamlit.log").read_text()
 
 
 @pytest.fixture
 def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        yield chromium
-        chromium.close()
+    with chromium() as chromium_browser:
+        yield chromium_browser
 
 
 def _new_page(browser):
-    context = browser.new_context(viewport={"width": 1300, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(30_000)
-    return page
+    return new_page(browser, width=1300, height=900)
 
 
 def _websocket_opens(page, base_url: str) -> str:

@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -53,12 +54,31 @@ def _sigterm_pending(pid: int) -> bool:
     return bool(pending & (1 << (signal.SIGTERM - 1)))
 
 
-def _cancel_while_frozen(engine, job_id: int, child: int) -> None:
-    """Cancel a job whose process is stopped (SIGSTOP) at a chosen moment: the supervisor's
-    SIGTERM waits until the process resumes, so the stop lands exactly there."""
-    assert queue.cancel(engine, job_id) == "cancelling"
-    wait_for(lambda: _sigterm_pending(child), 60, "the supervisor's stop signal")
-    os.kill(child, signal.SIGCONT)
+def _cancel_frozen_at(
+    engine,
+    job_id: int,
+    moment: Callable[[], object],
+    what: str,
+    while_frozen: Callable[[], None] | None = None,
+) -> None:
+    """Run one job under a worker, stop its process (SIGSTOP) once `moment()` holds, and
+    cancel the job while it is stopped: the supervisor's SIGTERM waits until the process
+    resumes, so the stop lands exactly there. `while_frozen` checks the frozen state."""
+    worker = start_worker("--once", TRAINDECK_HEARTBEAT_INTERVAL="0.5")
+    try:
+        child = _only_child(worker)
+        wait_for(moment, 300, what)
+        os.kill(child, signal.SIGSTOP)
+        if while_frozen is not None:
+            while_frozen()
+        assert queue.cancel(engine, job_id) == "cancelling"
+        wait_for(lambda: _sigterm_pending(child), 60, "the supervisor's stop signal")
+        os.kill(child, signal.SIGCONT)
+        output, _ = worker.communicate(timeout=300)
+    finally:
+        worker.kill()
+    assert worker.returncode == 0, output[-3000:]
+    assert queue.get_job(engine, job_id).status == "cancelled"
 
 
 # --- killed processes -----------------------------------------------------------------------
@@ -260,18 +280,10 @@ def test_cancel_during_lr_find(engine, database_url, digits_dataset):
     job_id = queue.submit(
         engine, {**SMALL_JOB, "dataset": digits_dataset(), "epochs": 2, "lr": "find"}
     )
-    worker = start_worker("--once", TRAINDECK_HEARTBEAT_INTERVAL="0.5")
-    try:
-        child = _only_child(worker)
-        # fastai's lr_find saves the weights it will restore under <job>/models/tmp…/
-        wait_for(lambda: list(job_dir(job_id).glob("models/*/_tmp.pth")), 300, "lr_find")
-        os.kill(child, signal.SIGSTOP)
-        _cancel_while_frozen(engine, job_id, child)
-        output, _ = worker.communicate(timeout=300)
-    finally:
-        worker.kill()
-    assert worker.returncode == 0, output[-3000:]
-    assert queue.get_job(engine, job_id).status == "cancelled"
+    # fastai's lr_find saves the weights it will restore under <job>/models/tmp…/
+    _cancel_frozen_at(
+        engine, job_id, lambda: list(job_dir(job_id).glob("models/*/_tmp.pth")), "lr_find"
+    )
     assert metric_series(engine, job_id, "lr_find/suggestion") == []
     assert metric_series(engine, job_id, "batch/train_loss") == [], "training never started"
 
@@ -283,23 +295,19 @@ def test_cancel_during_validation(engine, database_url, digits_dataset):
         {**SMALL_JOB, "dataset": digits_dataset(per_class=150), "epochs": 2, "img_size": 64,
          "valid_pct": 0.5},
     )  # fmt: skip
-    worker = start_worker("--once", TRAINDECK_HEARTBEAT_INTERVAL="0.5")
-    try:
-        child = _only_child(worker)
-        # The last training batch of epoch 1 is stored before validation starts.
-        steps_per_epoch = 750 // 16
-        wait_for(
-            lambda: len(metric_series(engine, job_id, "batch/train_loss")) >= steps_per_epoch,
-            300, "the end of the first epoch's training",
-        )  # fmt: skip
-        os.kill(child, signal.SIGSTOP)
+    # The last training batch of epoch 1 is stored before validation starts.
+    steps_per_epoch = 750 // 16
+
+    def still_validating() -> None:
         assert metric_series(engine, job_id, "epoch/valid_loss") == [], "still validating"
-        _cancel_while_frozen(engine, job_id, child)
-        output, _ = worker.communicate(timeout=300)
-    finally:
-        worker.kill()
-    assert worker.returncode == 0, output[-3000:]
-    assert queue.get_job(engine, job_id).status == "cancelled"
+
+    _cancel_frozen_at(
+        engine,
+        job_id,
+        lambda: len(metric_series(engine, job_id, "batch/train_loss")) >= steps_per_epoch,
+        "the end of the first epoch's training",
+        while_frozen=still_validating,
+    )
     assert metric_series(engine, job_id, "epoch/valid_loss") == [], "validation was cut short"
     assert not (job_dir(job_id) / "checkpoint.pth").exists(), "no half-epoch checkpoint"
 
@@ -307,18 +315,9 @@ def test_cancel_during_validation(engine, database_url, digits_dataset):
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_cancel_during_export(engine, database_url, digits_dataset):
     job_id = queue.submit(engine, {**SMALL_JOB, "dataset": digits_dataset(), "epochs": 1})
-    worker = start_worker("--once", TRAINDECK_HEARTBEAT_INTERVAL="0.5")
-    try:
-        child = _only_child(worker)
-        wait_for(lambda: list(job_dir(job_id).glob(".export.pkl.*.tmp")), 300, "the export")
-        os.kill(child, signal.SIGSTOP)
-        _cancel_while_frozen(engine, job_id, child)
-        output, _ = worker.communicate(timeout=300)
-    finally:
-        worker.kill()
-    assert worker.returncode == 0, output[-3000:]
-    job = queue.get_job(engine, job_id)
-    assert job.status == "cancelled"
+    _cancel_frozen_at(
+        engine, job_id, lambda: list(job_dir(job_id).glob(".export.pkl.*.tmp")), "the export"
+    )
     assert get_artifact(engine, job_id, "export") is None
     assert not (job_dir(job_id) / "export.pkl").exists(), "a cancelled job leaves no export"
     assert not list(job_dir(job_id).glob(".export.pkl.*.tmp"))

@@ -9,11 +9,6 @@ to their end. The screenshot is saved as test-output/tpu/tpu_vms_page.png.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,11 +16,10 @@ import pytest
 
 from db import queue
 from db.telemetry import events_since
+from tests.browser import CHROMIUM, ROOT, chromium, new_page, running_dashboard
 from tests.tpu.conftest import PROJECT, ZONE
 from tests.tpu.fake_tpu_api import FakeTpuApi
 
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
 SCREENSHOT = ROOT / "test-output" / "tpu" / "tpu_vms_page.png"
 SCRIPT = "#!/bin/bash\necho start the worker\n"
 
@@ -35,65 +29,16 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture
 def dashboard_url(sqlite_engine, tmp_path: Path) -> Iterator[str]:
-    port = _free_port()
-    log = tmp_path / "streamlit.log"
-    command = [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        "dashboard/app.py",
-        "--server.headless=true",
-        f"--server.port={port}",
-        "--server.address=127.0.0.1",
-        "--browser.gatherUsageStats=false",
-    ]
-    with open(log, "w") as output:
-        server = subprocess.Popen(
-            command, cwd=ROOT, env=dict(os.environ), stdout=output, stderr=subprocess.STDOUT
-        )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert server.poll() is None, f"streamlit exited:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"streamlit did not start:\n{log.read_text()}"
-            try:
-                with urllib.request.urlopen(f"{base_url}/_stcore/health", timeout=2):
-                    break
-            except OSError:
-                time.sleep(0.3)
-        yield base_url
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    with running_dashboard("127.0.0.1", dict(os.environ), tmp_path / "streamlit.log") as url:
+        yield url
 
 
 @pytest.fixture
 def browser_page():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        page = browser.new_page(viewport={"width": 1400, "height": 1600})
-        page.set_default_timeout(30_000)
-        yield page
-        browser.close()
+    with chromium() as browser:
+        yield new_page(browser, height=1600)
 
 
 def test_preempted_node_is_requeued_and_recreated_in_the_browser(
