@@ -39,28 +39,6 @@ def get_dataset(engine: Engine, name: str) -> Dataset | None:
         return dataset
 
 
-def _dataset_row(
-    name: str,
-    kind: str,
-    location: str,
-    label_rule: dict[str, Any],
-    classes: list[str],
-    class_counts: dict[str, int],
-    bad_files: list[str] | None,
-) -> dict[str, Any]:
-    return {
-        "name": name,
-        "kind": kind,
-        "location": location,
-        "label_rule": label_rule,
-        "classes": classes,
-        "class_counts": class_counts,
-        "item_count": sum(class_counts.values()),
-        "bad_files": bad_files or [],
-        "created_at": utcnow(),
-    }
-
-
 def save_dataset(
     engine: Engine,
     *,
@@ -71,29 +49,25 @@ def save_dataset(
     classes: list[str],
     class_counts: dict[str, int],
     bad_files: list[str] | None = None,
+    replace: bool = False,
 ) -> None:
-    """Insert or replace the registry row of one dataset."""
-    row = _dataset_row(name, kind, location, label_rule, classes, class_counts, bad_files)
-    with write_tx(engine) as connection:
-        connection.execute(delete(Dataset).where(Dataset.name == name))
-        connection.execute(Dataset.__table__.insert().values(**row))
-
-
-def insert_dataset(
-    engine: Engine,
-    *,
-    name: str,
-    kind: str,
-    location: str,
-    label_rule: dict[str, Any],
-    classes: list[str],
-    class_counts: dict[str, int],
-    bad_files: list[str] | None = None,
-) -> None:
-    """Add the registry row of a new dataset; DatasetExists if the name is taken."""
-    row = _dataset_row(name, kind, location, label_rule, classes, class_counts, bad_files)
+    """Add the registry row of a dataset: DatasetExists if the name is taken, unless `replace`,
+    which swaps the old row for the new one in the same transaction."""
+    row = {
+        "name": name,
+        "kind": kind,
+        "location": location,
+        "label_rule": label_rule,
+        "classes": classes,
+        "class_counts": class_counts,
+        "item_count": sum(class_counts.values()),
+        "bad_files": bad_files or [],
+        "created_at": utcnow(),
+    }
     try:
         with write_tx(engine) as connection:
+            if replace:
+                connection.execute(delete(Dataset).where(Dataset.name == name))
             connection.execute(Dataset.__table__.insert().values(**row))
     except IntegrityError:
         raise DatasetExists(f"a dataset named {name!r} is already registered") from None

@@ -36,7 +36,6 @@ from db.datasets import (
     DatasetExists,
     active_jobs_using,
     get_dataset,
-    insert_dataset,
     remove_dataset,
     save_dataset,
     update_dataset_contents,
@@ -146,6 +145,7 @@ def register_builtin_datasets(engine: Engine, root: Path | None = None) -> Path:
         label_rule={"type": "folder"},
         classes=sorted(counts, key=int),
         class_counts=counts,
+        replace=True,
     )
     return location
 
@@ -181,7 +181,7 @@ def _refuse_taken(engine: Engine, name: str) -> None:
 
 def _insert(engine: Engine, name: str, kind: str, location: str, report: DatasetReport) -> None:
     try:
-        insert_dataset(
+        save_dataset(
             engine,
             name=name,
             kind=kind,
@@ -340,7 +340,7 @@ def register_url(
         rule["label_regex"] = label_regex
     _refuse_taken(engine, name)
     try:
-        insert_dataset(
+        save_dataset(
             engine,
             name=name,
             kind="url",
