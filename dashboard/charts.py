@@ -102,17 +102,17 @@ def batch_loss_figure(series: Buckets, beta: float = DEFAULT_SMOOTHING) -> go.Fi
     return go.Figure(traces, layout=_layout(title, "step", "loss"))
 
 
-def line_figure(
-    lines: Mapping[str, Buckets], title: str, x_title: str, y_title: str, markers: bool = True
-) -> go.Figure:
-    """One line per series (several jobs, or train and valid of one job)."""
+def epoch_figure(lines: Mapping[str, Buckets], title: str, y_title: str) -> go.Figure:
+    """One line per per-epoch series (several jobs, or train and valid of one job).
+
+    Epoch metrics are stored under the epoch's index, counted from 0; the axis counts epochs
+    from 1, as the job's progress, its log and the worker's messages do.
+    """
     traces = []
     for label, series in lines.items():
         x, y = envelope(series)
-        traces.append(
-            go.Scatter(x=x, y=y, mode="lines+markers" if markers else "lines", name=label)
-        )
-    return go.Figure(traces, layout=_layout(title, x_title, y_title))
+        traces.append(go.Scatter(x=x + 1, y=y, mode="lines+markers", name=label))
+    return go.Figure(traces, layout=_layout(title, "epoch", y_title))
 
 
 def smoothed_lines_figure(

@@ -30,7 +30,7 @@ WARM_UP_EPOCHS = 2
 
 @dataclass(frozen=True)
 class XlaEpoch:
-    epoch: int
+    epoch: int  # as stored, counted from 0; shown to people counted from 1
     process_epoch: int  # counted from the first epoch of the process that trained it
     compiles: float
     compile_s: float
@@ -114,7 +114,7 @@ def recompile_warning(epochs: Sequence[XlaEpoch], schedule: str | None) -> str |
     growing = [row for row in epochs if row.compiles > 0 and not is_warm_up(row, schedule)]
     if not growing:
         return None
-    listed = ", ".join(f"{row.compiles:.0f} in epoch {row.epoch}" for row in growing[:6])
+    listed = ", ".join(f"{row.compiles:.0f} in epoch {row.epoch + 1}" for row in growing[:6])
     more = f" and {len(growing) - 6} more epochs" if len(growing) > 6 else ""
     return (
         f"XLA keeps compiling new graphs after the warm-up epochs: {listed}{more}. "

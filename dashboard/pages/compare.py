@@ -77,5 +77,5 @@ for start in range(0, len(epoch_names), 2):
         lines: dict[str, Buckets] = {label: s[name] for label, s in series.items() if name in s}
         short = name.removeprefix("epoch/")
         column.plotly_chart(
-            charts.line_figure(lines, f"{short} per epoch", "epoch", short), key=f"compare.{name}"
+            charts.epoch_figure(lines, f"{short} per epoch", short), key=f"compare.{name}"
         )

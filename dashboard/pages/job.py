@@ -133,14 +133,12 @@ def small_figures(live: LiveJob) -> list[tuple[str, go.Figure]]:
     }
     if epoch_losses:
         figures.append(
-            ("epoch_losses", charts.line_figure(epoch_losses, "Loss per epoch", "epoch", "loss"))
+            ("epoch_losses", charts.epoch_figure(epoch_losses, "Loss per epoch", "loss"))
         )
     for name in live.names("epoch/"):
         if name not in ("epoch/train_loss", "epoch/valid_loss"):
             short = name.removeprefix("epoch/")
-            figures.append(
-                (name, charts.line_figure({short: live.get(name)}, short, "epoch", short))
-            )
+            figures.append((name, charts.epoch_figure({short: live.get(name)}, short, short)))
     if len(live.get("batch/lr")):
         figures.append(("batch/lr", charts.lr_schedule_figure(live.get("batch/lr"))))
     if len(live.get("lr_find/loss")):
@@ -157,7 +155,7 @@ def small_figures(live: LiveJob) -> list[tuple[str, go.Figure]]:
 def xla_table(epochs: list[xla.XlaEpoch]) -> pd.DataFrame:
     return pd.DataFrame(
         {
-            "epoch": [row.epoch for row in epochs],
+            "epoch": [row.epoch + 1 for row in epochs],
             "compiles": [row.compiles for row in epochs],
             "compile s": [row.compile_s for row in epochs],
             "executions": [row.executes for row in epochs],
@@ -189,7 +187,7 @@ def diagnostics_tab(engine: Engine, job: Job, live: LiveJob) -> None:
         st.warning(warning, icon=":material/warning:")
     else:
         st.success("No new XLA graphs after the warm-up epochs.")
-    numbers = [row.epoch for row in epochs]
+    numbers = [row.epoch + 1 for row in epochs]  # counted from 1, as in the log
     left, right = st.columns(2)
     left.plotly_chart(
         charts.compile_figure(

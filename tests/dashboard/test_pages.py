@@ -443,6 +443,8 @@ def test_job_page_warns_when_xla_keeps_compiling_after_the_warm_up(sqlite_engine
     at.run()
 
     warnings = [w.value for w in at.warning]
-    assert any("after the warm-up epochs: 6 in epoch 2." in w for w in warnings)
+    # Stored under the epoch index 2: the third epoch, as the worker's log counts it.
+    assert any("after the warm-up epochs: 6 in epoch 3." in w for w in warnings)
     table = at.dataframe[0].value
+    assert table["epoch"].tolist() == [1, 2, 3]
     assert table["compiles"].tolist() == [12, 7, 6]

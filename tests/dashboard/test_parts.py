@@ -70,6 +70,14 @@ def test_lr_find_figure_pairs_rates_and_losses_by_step():
 # --- XLA ------------------------------------------------------------------------------------
 
 
+def test_epoch_charts_count_epochs_from_one_like_the_log():
+    stored = Buckets.from_points(np.array([0, 1, 2]), np.array([0.9, 0.5, 0.4]))  # epoch indexes
+    figure = charts.epoch_figure({"valid": stored}, "Loss per epoch", "loss")
+    assert list(figure.data[0].x) == [1, 2, 3]
+    assert list(figure.data[0].y) == [0.9, 0.5, 0.4]
+    assert figure.layout.xaxis.title.text == "epoch"
+
+
 def test_per_epoch_figures_are_differences_of_the_last_report_of_each_epoch():
     reports = [
         (0, xla_summary(5)),
@@ -85,7 +93,7 @@ def test_per_epoch_figures_are_differences_of_the_last_report_of_each_epoch():
     assert [row.compile_s for row in epochs] == [30.0, 0.0, 2.5]
     assert [row.fallback_calls for row in epochs] == [2, 4, 1]
     assert xla.recompile_warning(epochs, "one_cycle").startswith(
-        "XLA keeps compiling new graphs after the warm-up epochs: 1 in epoch 2."
+        "XLA keeps compiling new graphs after the warm-up epochs: 1 in epoch 3."
     )
     rows = xla.fallback_rows(reports)
     assert rows == [
@@ -101,9 +109,9 @@ def test_warm_up_epochs_restart_with_a_new_process_and_fine_tune_has_more():
     assert [row.compiles for row in epochs] == [10, 1, 4, 2, 0, 3]
     assert [row.process_epoch for row in epochs] == [0, 1, 2, 0, 1, 2]
     one_cycle = xla.recompile_warning(epochs, "one_cycle")
-    assert "4 in epoch 2, 3 in epoch 5." in one_cycle
+    assert "4 in epoch 3, 3 in epoch 6." in one_cycle
     fine_tune = xla.recompile_warning(epochs, "fine_tune")
-    assert "after the warm-up epochs: 3 in epoch 5." in fine_tune
+    assert "after the warm-up epochs: 3 in epoch 6." in fine_tune
     assert xla.recompile_warning(epochs[:2], "one_cycle") is None
 
 
