@@ -6,6 +6,7 @@ stays visible however many points were merged; a bucket of one is drawn as its p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -109,10 +110,16 @@ def epoch_figure(lines: Mapping[str, Buckets], title: str, y_title: str) -> go.F
     from 1, as the job's progress, its log and the worker's messages do.
     """
     traces = []
+    last_epoch = 1
     for label, series in lines.items():
         x, y = envelope(series)
         traces.append(go.Scatter(x=x + 1, y=y, mode="lines+markers", name=label))
-    return go.Figure(traces, layout=_layout(title, "epoch", y_title))
+        if len(x):
+            last_epoch = max(last_epoch, int(x.max()) + 1)
+    layout = _layout(title, "epoch", y_title)
+    # Whole epochs only, about ten ticks at most (plotly's own ticks would show 0.5, 1.5, ...).
+    layout["xaxis"].update(tick0=1, dtick=max(1, math.ceil(last_epoch / 10)))
+    return go.Figure(traces, layout=layout)
 
 
 def smoothed_lines_figure(

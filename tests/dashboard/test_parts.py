@@ -76,6 +76,10 @@ def test_epoch_charts_count_epochs_from_one_like_the_log():
     assert list(figure.data[0].x) == [1, 2, 3]
     assert list(figure.data[0].y) == [0.9, 0.5, 0.4]
     assert figure.layout.xaxis.title.text == "epoch"
+    assert figure.layout.xaxis.dtick == 1, "whole epochs"
+
+    long_run = Buckets.from_points(np.arange(95), np.linspace(1.0, 0.1, 95))
+    assert charts.epoch_figure({"train": long_run}, "t", "loss").layout.xaxis.dtick == 10
 
 
 def test_per_epoch_figures_are_differences_of_the_last_report_of_each_epoch():
