@@ -64,8 +64,11 @@ def instrument_like_worker(
 ) -> Any:
     """Add what `worker.training.run` adds to a Learner: per-batch loss and lr, per-epoch
     metrics, progress, the background writer flushing to the database, the stop check, a
-    checkpoint every epoch (unless `checkpoints` is off), and on XLA the metrics report.
-    Returns the writer to close."""
+    checkpoint every epoch written in the background (unless `checkpoints` is off), and on XLA
+    the metrics report. The fit ends when the last checkpoint is on disk, as the worker waits
+    for it before the export. Returns the telemetry writer to close."""
+    from fastai.callback.core import Callback
+
     from db import queue
     from worker.callbacks import (
         EpochEndCallback,
@@ -74,7 +77,7 @@ def instrument_like_worker(
         TrainingClock,
         XlaReportCallback,
     )
-    from worker.checkpoint import save_checkpoint
+    from worker.checkpoint import CheckpointWriter
     from worker.reporter import TelemetryWriter
 
     job_id = queue.enqueue(engine, spec)
@@ -84,14 +87,22 @@ def instrument_like_worker(
     job_dir = folder / f"job-{job_id}"
     job_dir.mkdir(parents=True)  # as the worker's job process does
 
+    checkpoint_writer = CheckpointWriter(job_dir, background=xla)  # as the worker decides
+
     def checkpoint(epoch: int) -> None:
-        save_checkpoint(job_dir, learn, epoch=epoch, lr=1e-2, spec=spec.model_dump(mode="json"))
+        checkpoint_writer.save(learn, epoch=epoch, lr=1e-2, spec=spec.model_dump(mode="json"))
+
+    class LastCheckpointOnDisk(Callback):
+        order = EpochEndCallback.order + 1
+
+        def after_fit(self) -> None:
+            checkpoint_writer.wait()
 
     learn.add_cbs(
         [TelemetryCallback(writer, clock, label), StopCallback(threading.Event(), os.getppid())]
     )
     if checkpoints:
-        learn.add_cb(EpochEndCallback(clock, checkpoint))
+        learn.add_cbs([EpochEndCallback(clock, checkpoint), LastCheckpointOnDisk()])
     if xla:
         learn.add_cb(XlaReportCallback(writer, clock))
     return writer

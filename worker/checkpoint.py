@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 import torch
-from fastai.torch_core import to_cpu, to_device
+from fastai.torch_core import apply, to_cpu, to_device
+from torch import Tensor
 
 CHECKPOINT_NAME = "checkpoint.pth"
 FORMAT_VERSION = 1
@@ -40,19 +42,32 @@ def checkpoint_path(job_dir: Path) -> Path:
     return job_dir / CHECKPOINT_NAME
 
 
-def save_checkpoint(
-    job_dir: Path, learn: Any, *, epoch: int, lr: float, spec: dict[str, Any]
-) -> Path:
-    """Save the state after global epoch `epoch` (0-based) has finished."""
-    state = {
+def checkpoint_state(
+    learn: Any, *, epoch: int, lr: float, spec: dict[str, Any], copy: bool = False
+) -> dict[str, Any]:
+    """The state after global epoch `epoch` (0-based), on the host.
+
+    `copy` copies tensors that already live on the CPU too, so that training can go on while
+    the state is written.
+    """
+    to_host = _host_copy if copy else to_cpu
+    return {
         "format": FORMAT_VERSION,
-        "model": to_cpu(learn.model.state_dict()),
-        "optimizer": to_cpu(learn.opt.state_dict()) if learn.opt is not None else None,
+        "model": to_host(learn.model.state_dict()),
+        "optimizer": to_host(learn.opt.state_dict()) if learn.opt is not None else None,
         "epoch": epoch,
         "lr": lr,
         "spec": spec,
         "classes": list(learn.dls.vocab),
     }
+
+
+def _host_copy(state: Any) -> Any:
+    return apply(lambda o: o.detach().to("cpu", copy=True) if isinstance(o, Tensor) else o, state)
+
+
+def write_checkpoint(job_dir: Path, state: dict[str, Any]) -> Path:
+    """Write a state from `checkpoint_state` as the job's checkpoint, atomically."""
     final = checkpoint_path(job_dir)
     temporary = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     try:
@@ -67,11 +82,58 @@ def save_checkpoint(
         os.replace(temporary, final)
     except (OSError, RuntimeError) as exc:
         kept = " (the previous checkpoint is intact)" if final.exists() else ""
-        raise write_failure(f"the checkpoint of epoch {epoch + 1}{kept}", final, exc) from exc
+        what = f"the checkpoint of epoch {state['epoch'] + 1}{kept}"
+        raise write_failure(what, final, exc) from exc
     finally:
         with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
     return final
+
+
+class CheckpointWriter:
+    """Writes checkpoints, on a background thread when `background` is set.
+
+    In the background, the training thread only copies the state to the host; serialising,
+    writing, fsync and rename happen on the thread while the next epoch trains. That pays where
+    the host waits for an accelerator. Training on the CPU already keeps every core busy, and
+    a writer thread would only compete with it, so there the write happens in `save`.
+
+    One write at a time: `save` first waits for the previous write. A write that failed is
+    raised by the next `save` or by `wait`, so a full disk still fails the job with its reason,
+    and the checkpoint before it stays intact.
+    """
+
+    def __init__(self, job_dir: Path, background: bool = True):
+        self.job_dir = job_dir
+        self.background = background
+        self._thread: threading.Thread | None = None
+        self._failure: ArtifactWriteError | None = None
+
+    def save(self, learn: Any, *, epoch: int, lr: float, spec: dict[str, Any]) -> None:
+        self.wait()
+        state = checkpoint_state(learn, epoch=epoch, lr=lr, spec=spec, copy=self.background)
+        if not self.background:
+            write_checkpoint(self.job_dir, state)
+            return
+        self._thread = threading.Thread(
+            target=self._write, args=(state,), name="checkpoint-writer", daemon=True
+        )
+        self._thread.start()
+
+    def _write(self, state: dict[str, Any]) -> None:
+        try:
+            write_checkpoint(self.job_dir, state)
+        except ArtifactWriteError as exc:
+            self._failure = exc
+
+    def wait(self) -> None:
+        """Until the last checkpoint is on disk; raises ArtifactWriteError if it is not."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
 
 
 def load_checkpoint(job_dir: Path) -> dict[str, Any] | None:

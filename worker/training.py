@@ -333,13 +333,49 @@ def run(ctx: TrainingContext) -> Path:
     else:
         lr = float(spec.lr)
 
+    # On an accelerator the checkpoint is written on a background thread while the next epoch
+    # trains; training on the CPU writes it at the epoch's end (see CheckpointWriter).
+    checkpoints = checkpoint.CheckpointWriter(ctx.job_dir, background=device.type != "cpu")
+
     def on_epoch_end(epoch: int) -> None:
-        checkpoint.save_checkpoint(
-            ctx.job_dir, learn, epoch=epoch, lr=lr, spec=spec.model_dump(mode="json")
-        )
+        checkpoints.save(learn, epoch=epoch, lr=lr, spec=spec.model_dump(mode="json"))
 
     epoch_end = EpochEndCallback(clock, on_epoch_end)
     learn.add_cb(epoch_end)
+    try:
+        _fit_phases(learn, spec, lr, resume_from, clock, epoch_end, ctx.stop)
+        checkpoints.wait()  # the last epoch's checkpoint is on disk, or its failure is raised
+    except BaseException:
+        # Stopped or failed: the write in flight still lands, so a requeued job resumes from
+        # the newest checkpoint; its own failure would only hide the reason being raised.
+        with contextlib.suppress(checkpoint.ArtifactWriteError):
+            checkpoints.wait()
+        raise
+    export = export_model(learn, ctx.job_dir)
+    if ctx.stop.is_set():
+        export.unlink(missing_ok=True)
+        raise StopRequested()
+    record_artifact(ctx.engine, ctx.lease.job_id, "export", export)
+    record_artifact(
+        ctx.engine, ctx.lease.job_id, "checkpoint", checkpoint.checkpoint_path(ctx.job_dir)
+    )
+    log.info("exported the model to %s", export)
+    record_results(ctx, learn)
+    if ctx.stop.is_set():
+        raise StopRequested()
+    return export
+
+
+def _fit_phases(
+    learn: Learner,
+    spec: JobSpec,
+    lr: float,
+    resume_from: int,
+    clock: TrainingClock,
+    epoch_end: EpochEndCallback,
+    stop: threading.Event,
+) -> None:
+    """Train every phase of the schedule from global epoch `resume_from` on."""
     for phase in schedule_phases(spec, lr):
         if phase.end <= resume_from:
             continue
@@ -354,23 +390,10 @@ def run(ctx: TrainingContext) -> Path:
         )
         if epoch_end.failure is not None:
             raise epoch_end.failure
-        if ctx.stop.is_set():
+        if stop.is_set():
             raise StopRequested()
-    if ctx.stop.is_set():
+    if stop.is_set():
         raise StopRequested()
-    export = export_model(learn, ctx.job_dir)
-    if ctx.stop.is_set():
-        export.unlink(missing_ok=True)
-        raise StopRequested()
-    record_artifact(ctx.engine, ctx.lease.job_id, "export", export)
-    record_artifact(
-        ctx.engine, ctx.lease.job_id, "checkpoint", checkpoint.checkpoint_path(ctx.job_dir)
-    )
-    log.info("exported the model to %s", export)
-    record_results(ctx, learn)
-    if ctx.stop.is_set():
-        raise StopRequested()
-    return export
 
 
 def _set_trainable(learn: Learner, phase: Phase) -> None:

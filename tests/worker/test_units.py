@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -12,7 +13,7 @@ from fastai.learner import AvgSmoothLoss
 
 from db.spec import JobSpec
 from tests.worker.conftest import REPO, run_worker, worker_env
-from worker import xla_report
+from worker import checkpoint, xla_report
 from worker.callbacks import RawLossTracker, TrainingClock
 from worker.devices import resolve_device
 from worker.training import schedule_phases, total_epochs
@@ -111,3 +112,43 @@ def test_bad_heartbeat_setting_is_refused(sqlite_engine):
     result = run_worker("--once", timeout=60, TRAINDECK_HEARTBEAT_TIMEOUT="soon")
     assert result.returncode == 2
     assert "TRAINDECK_HEARTBEAT_TIMEOUT" in result.stderr and "Traceback" not in result.stderr
+
+
+def _tiny_learner() -> SimpleNamespace:
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()  # momentum buffers: optimizer state worth saving
+    return SimpleNamespace(model=model, opt=optimizer, dls=SimpleNamespace(vocab=["a", "b"]))
+
+
+def test_a_background_checkpoint_holds_the_state_of_its_epoch(tmp_path):
+    learn = _tiny_learner()
+    writer = checkpoint.CheckpointWriter(tmp_path)
+    writer.save(learn, epoch=0, lr=0.1, spec={"epochs": 2})
+    expected = learn.model.weight.detach().clone()
+    with torch.no_grad():
+        learn.model.weight.add_(1.0)  # training goes on while the write runs
+    writer.wait()
+    state = checkpoint.load_checkpoint(tmp_path)
+    assert state["epoch"] == 0 and state["classes"] == ["a", "b"]
+    assert torch.equal(state["model"]["weight"], expected)
+    assert state["optimizer"]["state"], "the optimizer's buffers are saved"
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["background", "in-place"])
+def test_a_failed_write_is_raised_and_the_previous_checkpoint_kept(tmp_path, background):
+    learn = _tiny_learner()
+    writer = checkpoint.CheckpointWriter(tmp_path, background=background)
+    writer.save(learn, epoch=0, lr=0.1, spec={})
+    writer.wait()
+    # A folder where the next temporary file goes: opening it for writing fails (even as root).
+    (tmp_path / f".{checkpoint.CHECKPOINT_NAME}.{os.getpid()}.tmp").mkdir()
+    with pytest.raises(checkpoint.ArtifactWriteError) as failure:
+        writer.save(learn, epoch=1, lr=0.1, spec={})
+        writer.wait()  # in the background, the failure comes with the wait
+    assert "cannot write the checkpoint of epoch 2 (the previous checkpoint is intact)" in str(
+        failure.value
+    )
+    assert checkpoint.load_checkpoint(tmp_path)["epoch"] == 0
+    writer.wait()  # a failure is raised once
