@@ -54,6 +54,27 @@ def _sigterm_pending(pid: int) -> bool:
     return bool(pending & (1 << (signal.SIGTERM - 1)))
 
 
+def _is_stopped(pid: int) -> bool:
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state in ("T", "t")
+
+
+def _freeze_at(child: int, moment: Callable[[], object], what: str, timeout: float = 300) -> None:
+    """Stop the process (SIGSTOP) at a moment when `moment()` holds, judged while it is stopped:
+    checked on a running process, the moment could pass between the check and the stop. The
+    process runs ~95% of the time while this samples it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        os.kill(child, signal.SIGSTOP)
+        while not _is_stopped(child):
+            time.sleep(0.001)
+        if moment():
+            return
+        os.kill(child, signal.SIGCONT)
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.1)
+
+
 def _cancel_frozen_at(
     engine,
     job_id: int,
@@ -61,14 +82,13 @@ def _cancel_frozen_at(
     what: str,
     while_frozen: Callable[[], None] | None = None,
 ) -> None:
-    """Run one job under a worker, stop its process (SIGSTOP) once `moment()` holds, and
-    cancel the job while it is stopped: the supervisor's SIGTERM waits until the process
-    resumes, so the stop lands exactly there. `while_frozen` checks the frozen state."""
+    """Run one job under a worker, stop its process (SIGSTOP) at a moment when `moment()`
+    holds, and cancel the job while it is stopped: the supervisor's SIGTERM waits until the
+    process resumes, so the stop lands exactly there. `while_frozen` checks the frozen state."""
     worker = start_worker("--once", TRAINDECK_HEARTBEAT_INTERVAL="0.5")
     try:
         child = _only_child(worker)
-        wait_for(moment, 300, what)
-        os.kill(child, signal.SIGSTOP)
+        _freeze_at(child, moment, what)
         if while_frozen is not None:
             while_frozen()
         assert queue.cancel(engine, job_id) == "cancelling"
