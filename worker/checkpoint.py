@@ -107,7 +107,7 @@ class CheckpointWriter:
         self.job_dir = job_dir
         self.background = background
         self._thread: threading.Thread | None = None
-        self._failure: ArtifactWriteError | None = None
+        self._failure: Exception | None = None
 
     def save(self, learn: Any, *, epoch: int, lr: float, spec: dict[str, Any]) -> None:
         self.wait()
@@ -123,11 +123,12 @@ class CheckpointWriter:
     def _write(self, state: dict[str, Any]) -> None:
         try:
             write_checkpoint(self.job_dir, state)
-        except ArtifactWriteError as exc:
+        except Exception as exc:  # raised on the training thread by the next save or wait
             self._failure = exc
 
     def wait(self) -> None:
-        """Until the last checkpoint is on disk; raises ArtifactWriteError if it is not."""
+        """Until the last checkpoint is on disk; raises why it is not (ArtifactWriteError for a
+        full disk or an unwritable folder)."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
