@@ -348,7 +348,7 @@ def run(ctx: TrainingContext) -> Path:
     except BaseException:
         # Stopped or failed: the write in flight still lands, so a requeued job resumes from
         # the newest checkpoint; its own failure would only hide the reason being raised.
-        with contextlib.suppress(checkpoint.ArtifactWriteError):
+        with contextlib.suppress(Exception):
             checkpoints.wait()
         raise
     export = export_model(learn, ctx.job_dir)
