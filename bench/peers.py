@@ -169,13 +169,8 @@ def main() -> None:
 
     os.environ.update(OFFLINE_ENVIRONMENT)
     bench = prepare_digits_fit("traindeck-peers-", args.epochs, args.img_size, args.bs, args.xla)
-    folder, engine, spec, setup, dls = (
-        bench.folder,
-        bench.engine,
-        bench.spec,
-        bench.setup,
-        bench.dls,
-    )
+    folder, engine, spec = bench.folder, bench.engine, bench.spec
+    setup, dls = bench.setup, bench.dls
     images_per_fit = bench.images_per_fit
     os.environ["WANDB_DIR"] = str(folder)
 
