@@ -9,15 +9,22 @@ transactions (`read_tx`) stay deferred so that the dashboard never queues behind
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from db import config
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _READ_ONLY = "traindeck_read_only"
 
@@ -115,3 +122,51 @@ def read_tx(engine: Engine) -> Iterator[Connection]:
         connection = connection.execution_options(**{_READ_ONLY: True})
         with connection.begin():
             yield connection
+
+
+# Words in the driver's message when the database is busy or away for a while (SQLite locked
+# past its busy timeout, a Postgres server restarting), not wrong.
+_UNAVAILABLE_MESSAGES = (
+    "database is locked",
+    "database is busy",
+    "connection",
+    "server closed",
+    "the database system is",
+)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` says the database is busy or unreachable, worth another try later."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, InterfaceError):
+        return True
+    if isinstance(exc, OperationalError):
+        message = str(exc.orig or exc).lower()
+        return any(words in message for words in _UNAVAILABLE_MESSAGES)
+    return False
+
+
+def retry_while_unavailable(
+    action: Callable[[], T],
+    what: str,
+    *,
+    give_up: Callable[[], bool] = lambda: False,
+    max_backoff_s: float = 10.0,
+) -> T:
+    """`action()`, tried again with backoff while the database is busy or unreachable.
+
+    Any other error is raised at once, and so is an unavailable database once `give_up()`
+    says so (a stop request).
+    """
+    delay = 0.5
+    while True:
+        try:
+            return action()
+        except Exception as exc:
+            if not is_unavailable(exc) or give_up():
+                raise
+            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            log.warning("could not %s, retrying in %.1f s: %s", what, delay, first_line)
+            time.sleep(delay)
+            delay = min(max_backoff_s, delay * 2)

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; it sends SIGTERM
 
-    from db.engine import get_engine
+    from db.engine import get_engine, retry_while_unavailable
     from db.files import job_dir
     from db.queue import Lease, get_job
     from db.spec import JobSpec
@@ -87,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     from worker import training
 
     try:
-        job = get_job(engine, args.job_id)
+        job = retry_while_unavailable(
+            lambda: get_job(engine, args.job_id), "read the job", give_up=stop.is_set
+        )
         spec = JobSpec.model_validate(job.spec)
         folder = job_dir(args.job_id)
         try:

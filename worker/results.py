@@ -203,15 +203,16 @@ def model_card(
 ) -> dict[str, Any]:
     """Everything needed to know what the export is: spec, data, metrics, stack, checksum."""
     job_id = ctx.lease.job_id
-    export = get_artifact(ctx.engine, job_id, "export")
+    export = ctx.db(lambda: get_artifact(ctx.engine, job_id, "export"), "read the export")
     if export is None:
         raise RuntimeError(f"job {job_id}: the export must be recorded before its model card")
-    registered = get_dataset(ctx.engine, ctx.spec.dataset)
+    registered = ctx.db(lambda: get_dataset(ctx.engine, ctx.spec.dataset), "read the dataset")
     classes = [str(label) for label in learn.dls.vocab]
     train_counts = _class_counts(learn.dls.train.items, classes)
     valid_counts = _class_counts(learn.dls.valid.items, classes)
     if not ctx.writer.flush(WRITER_FLUSH_TIMEOUT_S):
         log.warning("the last metrics were not yet written; the model card may lack some")
+    metrics = ctx.db(lambda: final_metrics(ctx.engine, [job_id])[job_id], "read the final metrics")
     card: dict[str, Any] = {
         "job_id": job_id,
         "name": ctx.spec.display_name,
@@ -226,7 +227,7 @@ def model_card(
             "valid_images": len(learn.dls.valid.items),
         },
         "classes": classes,
-        "final_metrics": final_metrics(ctx.engine, [job_id])[job_id],
+        "final_metrics": metrics,
         "versions": package_versions(),
         "export": {
             "file": Path(export.path).name,
@@ -272,16 +273,19 @@ def record_results(ctx: TrainingContext, learn: Learner) -> None:
         log.exception("could not interpret the model on the validation set (the export is fine)")
         interpretation = None
     if interpretation is not None:
-        save_results(
-            ctx.engine,
-            ctx.lease.job_id,
-            classes=interpretation.classes,
-            confusion=interpretation.confusion,
-            per_class=interpretation.per_class,
-            top_losses=interpretation.top_losses,
-            predictions=interpretation.predictions,
-            accuracy=interpretation.accuracy,
-            valid_loss=interpretation.valid_loss,
+        ctx.db(
+            lambda: save_results(
+                ctx.engine,
+                ctx.lease.job_id,
+                classes=interpretation.classes,
+                confusion=interpretation.confusion,
+                per_class=interpretation.per_class,
+                top_losses=interpretation.top_losses,
+                predictions=interpretation.predictions,
+                accuracy=interpretation.accuracy,
+                valid_loss=interpretation.valid_loss,
+            ),
+            "store the results",
         )
         log.info(
             "validation: accuracy %.4f on %d images; results stored",
@@ -289,4 +293,7 @@ def record_results(ctx: TrainingContext, learn: Learner) -> None:
             len(interpretation.predictions),
         )
     card = write_model_card(model_card(ctx, learn, interpretation), ctx.job_dir)
-    record_artifact(ctx.engine, ctx.lease.job_id, "model_card", card)
+    ctx.db(
+        lambda: record_artifact(ctx.engine, ctx.lease.job_id, "model_card", card),
+        "record the model card",
+    )

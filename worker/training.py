@@ -11,9 +11,10 @@ import contextlib
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from fastai.callback.core import TrainEvalCallback
@@ -27,6 +28,7 @@ from sqlalchemy import Engine
 
 from db import config
 from db.artifacts import record_artifact
+from db.engine import retry_while_unavailable
 from db.queue import Lease
 from db.spec import JobSpec
 from db.telemetry import LR_FIND, MetricPoint
@@ -62,6 +64,9 @@ class JobFailure(Exception):
     """A failure with a message a person can act on (no traceback needed)."""
 
 
+T = TypeVar("T")
+
+
 @dataclass
 class TrainingContext:
     engine: Engine
@@ -72,6 +77,11 @@ class TrainingContext:
     writer: TelemetryWriter
     stop: threading.Event
     parent_pid: int | None = None
+
+    def db(self, action: Callable[[], T], what: str) -> T:
+        """A database call of the job process, tried again while the database is locked or
+        away (the telemetry writer buffers and retries on its own); a stop request ends it."""
+        return retry_while_unavailable(action, what, give_up=self.stop.is_set)
 
 
 @dataclass(frozen=True)
@@ -291,7 +301,9 @@ def run(ctx: TrainingContext) -> Path:
             spec.bs,
         )
 
-    items = drop_undecodable(load_items(ctx.engine, spec.dataset))
+    items = drop_undecodable(
+        ctx.db(lambda: load_items(ctx.engine, spec.dataset), "read the dataset")
+    )
     if items.skipped:
         shown = ", ".join(items.skipped[:10]) + (" …" if len(items.skipped) > 10 else "")
         log.warning("skipping %d file(s) that cannot be decoded: %s", len(items.skipped), shown)
@@ -355,9 +367,11 @@ def run(ctx: TrainingContext) -> Path:
     if ctx.stop.is_set():
         export.unlink(missing_ok=True)
         raise StopRequested()
-    record_artifact(ctx.engine, ctx.lease.job_id, "export", export)
-    record_artifact(
-        ctx.engine, ctx.lease.job_id, "checkpoint", checkpoint.checkpoint_path(ctx.job_dir)
+    job_id = ctx.lease.job_id
+    ctx.db(lambda: record_artifact(ctx.engine, job_id, "export", export), "record the export")
+    saved = checkpoint.checkpoint_path(ctx.job_dir)
+    ctx.db(
+        lambda: record_artifact(ctx.engine, job_id, "checkpoint", saved), "record the checkpoint"
     )
     log.info("exported the model to %s", export)
     record_results(ctx, learn)
