@@ -10,7 +10,9 @@ Metric names carry their cadence as a prefix, and step means:
   `lr_find/suggestion` (step 0), the learning rate the job then used.
 
 A point is unique by (job, name, step): writing it again is a no-op, so a resumed job that
-re-sends points never doubles them.
+re-sends points never doubles them. A value that is not a finite number (the loss of a diverged
+run) is not stored: SQLite turns NaN into NULL, and a chart cannot draw it; the worker fails
+such a job with the reason.
 
 An XLA report's `summary` holds cumulative counters since the job's process started:
 `compile_count`, `compile_time_s`, `execute_count`, `execute_time_s`,
@@ -24,6 +26,7 @@ replicated executions, one per step over all the devices.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -59,9 +62,8 @@ class EventRow:
 
 
 def write_metrics(engine: Engine, job_id: int, points: Sequence[MetricPoint]) -> int:
-    """Insert points, skipping any (job, name, step) already stored. Returns rows offered."""
-    if not points:
-        return 0
+    """Insert points, skipping any (job, name, step) already stored and any value that is not
+    a finite number. Returns rows offered."""
     rows = [
         {
             "job_id": job_id,
@@ -72,7 +74,10 @@ def write_metrics(engine: Engine, job_id: int, points: Sequence[MetricPoint]) ->
             "wall_time": point.wall_time,
         }
         for point in points
+        if math.isfinite(point.value)
     ]
+    if not rows:
+        return 0
     with write_tx(engine) as connection:
         dialect_insert = sqlite.insert if is_sqlite(connection) else postgresql.insert
         statement = dialect_insert(Metric).on_conflict_do_nothing(

@@ -7,7 +7,9 @@ the host (its smoothed loss, its epoch log) or are plain Python numbers (the lea
 
 from __future__ import annotations
 
+import gc
 import logging
+import math
 import os
 import threading
 import time
@@ -25,6 +27,9 @@ log = logging.getLogger("worker.training")
 
 # fastai's epoch-log column names → traindeck's metric names (the `epoch/` prefix is added).
 EPOCH_COLUMN_NAMES = {"top_k_accuracy": "top5_accuracy"}
+
+# gc generations 0 and 1: what one step allocates, at a fraction of a full collection's cost.
+YOUNG_GENERATIONS = 1
 
 
 def in_lr_find(learn: Any) -> bool:
@@ -198,11 +203,65 @@ class TelemetryCallback(TrainedEpochCallback):
         return ", ".join(parts)
 
 
+class DivergenceCallback(TrainedEpochCallback):
+    """Ends the fit when the loss stops being a number (NaN or infinite): training diverged.
+
+    Once a weight is NaN every later step is NaN too, so going on only burns the device and
+    overwrites a good checkpoint with a broken one. It reads values fastai already holds on
+    the host (the smoothed training loss, which stays NaN from the first NaN batch on, and the
+    epoch log), so it costs no device sync. It runs after the telemetry (the curve up to the
+    divergence is kept) and before the epoch's checkpoint, so the last good checkpoint stays.
+    The reason is kept in `diverged` for the caller to fail the job with.
+    """
+
+    order = 85
+
+    def __init__(self, clock: TrainingClock):
+        self.clock = clock
+        self.diverged: str | None = None
+
+    def after_batch(self) -> None:
+        if not (self.active and self.training and len(self.yb)):
+            return
+        loss = float(self.learn.recorder.smooth_loss.val)
+        if not math.isfinite(loss):
+            step = self.clock.global_step(self.epoch, self.iter)
+            self._stop(f"the training loss became {loss} at step {step + 1}")
+
+    def after_epoch(self) -> None:
+        if not self.acting():
+            return
+        names = self.learn.recorder.metric_names
+        for name, value in zip(names[1:], self.learn.recorder.log[1:], strict=False):
+            if name not in ("train_loss", "valid_loss") or value is None:
+                continue
+            if not math.isfinite(float(value)):
+                self._stop(f"the {name.replace('_', ' ')} became {float(value)}")
+
+    def _stop(self, what: str) -> None:
+        epoch = self.clock.global_epoch(self.epoch)
+        lr = float(self.learn.recorder.lrs[-1]) if self.learn.recorder.lrs else float("nan")
+        kept = f"the checkpoint of epoch {epoch} is kept" if epoch > 0 else "nothing was saved"
+        self.diverged = (
+            f"training diverged: {what} in epoch {epoch + 1}/{self.clock.total_epochs} "
+            f"(learning rate {lr:.3g}); {kept}. Try a lower learning rate (or lr find) or "
+            "gradient clipping (grad_clip)."
+        )
+        raise CancelFitException()
+
+
 class XlaStepCallback(Callback):
     """One `torch_xla.sync()` per batch: cuts the lazy graph so each step compiles once.
 
     It runs before fastai's Recorder (order 50) reads the loss, so the step's whole graph
     (forward, backward, optimizer update) executes as one computation.
+
+    Before the sync it collects Python's young garbage. fastai's batch transforms leave
+    reference cycles behind (the tracebacks of the type-dispatch misses in fasttransform hold
+    the batch), and XLA counts a tensor as live until its Python object is freed: a sync makes
+    every live tensor with pending work an output of the step's graph. Whether the cycle
+    collector had run by then depended on allocations in other threads, so the same step
+    traced as different graphs and compiled again, at random, in any epoch.
     """
 
     order = -20
@@ -210,6 +269,7 @@ class XlaStepCallback(Callback):
     def after_batch(self) -> None:
         import torch_xla
 
+        gc.collect(YOUNG_GENERATIONS)
         torch_xla.sync()
 
 

@@ -35,6 +35,7 @@ from db.telemetry import LR_FIND, MetricPoint
 from worker import checkpoint, spmd
 from worker.callbacks import (
     AutocastCallback,
+    DivergenceCallback,
     EpochEndCallback,
     StopCallback,
     TelemetryCallback,
@@ -327,7 +328,7 @@ def run(ctx: TrainingContext) -> Path:
         learn.add_cb(XlaReportCallback(ctx.writer, clock, str(xla_cache_dir())))
 
     phases = schedule_phases(spec, 0.0)
-    _set_trainable(learn, phases[0])
+    set_trainable(learn, phases[0])
     resume_from = 0
     state = checkpoint.load_checkpoint(ctx.job_dir)
     if state is not None and state.get("spec") == spec.model_dump(mode="json"):
@@ -353,9 +354,10 @@ def run(ctx: TrainingContext) -> Path:
         checkpoints.save(learn, epoch=epoch, lr=lr, spec=spec.model_dump(mode="json"))
 
     epoch_end = EpochEndCallback(clock, on_epoch_end)
-    learn.add_cb(epoch_end)
+    divergence = DivergenceCallback(clock)
+    learn.add_cbs([epoch_end, divergence])
     try:
-        _fit_phases(learn, spec, lr, resume_from, clock, epoch_end, ctx.stop)
+        _fit_phases(learn, spec, lr, resume_from, clock, epoch_end, divergence, ctx.stop)
         checkpoints.wait()  # the last epoch's checkpoint is on disk, or its failure is raised
     except BaseException:
         # Stopped or failed: the write in flight still lands, so a requeued job resumes from
@@ -387,13 +389,14 @@ def _fit_phases(
     resume_from: int,
     clock: TrainingClock,
     epoch_end: EpochEndCallback,
+    divergence: DivergenceCallback,
     stop: threading.Event,
 ) -> None:
     """Train every phase of the schedule from global epoch `resume_from` on."""
     for phase in schedule_phases(spec, lr):
         if phase.end <= resume_from:
             continue
-        _set_trainable(learn, phase)
+        set_trainable(learn, phase, keep_state=resume_from > phase.offset)
         clock.epoch_offset = phase.offset
         learn.fit_one_cycle(
             phase.epochs,
@@ -404,17 +407,27 @@ def _fit_phases(
         )
         if epoch_end.failure is not None:
             raise epoch_end.failure
+        if divergence.diverged is not None:
+            raise JobFailure(divergence.diverged)
         if stop.is_set():
             raise StopRequested()
     if stop.is_set():
         raise StopRequested()
 
 
-def _set_trainable(learn: Learner, phase: Phase) -> None:
-    if phase.frozen:
-        learn.freeze()
+def set_trainable(learn: Learner, phase: Phase, keep_state: bool = False) -> None:
+    """Freeze the pretrained body for a frozen phase, else train every layer.
+
+    fastai's `Learner.freeze_to` also clears the optimizer's state (Adam's moments), as a new
+    phase should start. A job resumed in the middle of a phase must keep the state its
+    checkpoint restored (`keep_state`): cleared there, Adam restarted from zero moments at the
+    schedule's peak rate and the resumed epoch trained worse than the one before it.
+    """
+    frozen_groups = -1 if phase.frozen else 0
+    if keep_state:
+        learn.opt.freeze_to(frozen_groups)
     else:
-        learn.unfreeze()
+        learn.freeze_to(frozen_groups)
 
 
 def find_learning_rate(learn: Learner, ctx: TrainingContext) -> float:

@@ -6,17 +6,25 @@ import os
 import subprocess
 import sys
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
+from fastai.callback.progress import ProgressCallback
 from fastai.learner import AvgSmoothLoss
+from fastai.test_utils import synth_learner
 
 from db.spec import JobSpec
 from tests.worker.conftest import REPO, run_worker, worker_env
 from worker import checkpoint, xla_report
-from worker.callbacks import RawLossTracker, TrainingClock
+from worker.callbacks import (
+    DivergenceCallback,
+    EpochEndCallback,
+    RawLossTracker,
+    TrainingClock,
+)
 from worker.devices import resolve_device
-from worker.training import schedule_phases, total_epochs
+from worker.training import Phase, schedule_phases, set_trainable, total_epochs
 
 
 def test_raw_loss_is_recovered_exactly_from_fastais_smoothed_loss():
@@ -152,3 +160,58 @@ def test_a_failed_write_is_raised_and_the_previous_checkpoint_kept(tmp_path, bac
     )
     assert checkpoint.load_checkpoint(tmp_path)["epoch"] == 0
     writer.wait()  # a failure is raised once
+
+
+def _regression_learner(lr: float, valid_x: float | None = None) -> Any:
+    """fastai's synthetic regression Learner (SGD, momentum 0.9) with the divergence check and
+    a stand-in checkpoint that records the epochs it was asked to save."""
+    torch.manual_seed(0)
+    learn = synth_learner(n_trn=10, lr=lr)
+    learn.remove_cb(ProgressCallback)
+    learn.logger = lambda *_args: None
+    if valid_x is not None:
+        learn.dls.valid.dataset.tensors[0][:] = valid_x
+    clock = TrainingClock(total_epochs=3, steps_per_epoch=len(learn.dls.train))
+    learn.saved = []
+    learn.divergence = DivergenceCallback(clock)
+    learn.add_cbs([EpochEndCallback(clock, learn.saved.append), learn.divergence])
+    return learn
+
+
+def test_a_diverging_fit_stops_at_the_first_non_finite_loss_and_keeps_no_checkpoint():
+    learn = _regression_learner(lr=1e3)
+    learn.fit(3)
+    assert learn.divergence.diverged is not None
+    assert learn.divergence.diverged.startswith(
+        "training diverged: the training loss became inf at step 7 in epoch 1/3 "
+        "(learning rate 1e+03); nothing was saved. Try a lower learning rate"
+    ), learn.divergence.diverged
+    assert learn.saved == []
+    assert learn.epoch == 0, "the fit went on after the loss was lost"
+
+
+def test_a_non_finite_valid_loss_ends_the_fit_before_that_epoch_is_checkpointed():
+    learn = _regression_learner(lr=1e-2, valid_x=float("nan"))
+    learn.fit(3)
+    assert learn.divergence.diverged is not None
+    assert "the valid loss became nan in epoch 1/3" in learn.divergence.diverged
+    assert learn.saved == []
+
+
+def test_a_fit_that_stays_finite_is_left_alone():
+    learn = _regression_learner(lr=1e-2)
+    learn.fit(3)
+    assert learn.divergence.diverged is None
+    assert learn.saved == [0, 1, 2]
+
+
+@pytest.mark.parametrize("keep_state", [True, False], ids=["resumed-phase", "new-phase"])
+def test_setting_what_trains_keeps_a_resumed_optimizers_state(keep_state):
+    """fastai's freeze/unfreeze clear the optimizer's moments: right when a phase begins,
+    wrong for a phase resumed from a checkpoint, whose moments were just restored."""
+    learn = _regression_learner(lr=1e-2)
+    learn.fit(1)
+    assert all("grad_avg" in state for state in learn.opt.state.values())
+    set_trainable(learn, Phase(epochs=2, offset=0, frozen=False, lr=1e-2), keep_state=keep_state)
+    kept = [("grad_avg" in state) for state in learn.opt.state.values()]
+    assert kept and all(kept) == keep_state and any(kept) == keep_state
