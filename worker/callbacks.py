@@ -93,6 +93,10 @@ class TrainedEpochCallback(Callback):
     def acting(self) -> bool:
         return self.active and getattr(self, "trained", False)
 
+    def training_batch(self) -> bool:
+        """In after_batch: a training batch with data, outside lr_find."""
+        return self.active and self.training and len(self.yb) > 0
+
 
 class TelemetryCallback(TrainedEpochCallback):
     """Per-batch train loss and lr, per-epoch losses/metrics/time/throughput, and progress."""
@@ -126,7 +130,7 @@ class TelemetryCallback(TrainedEpochCallback):
         self.writer.request_flush()
 
     def after_batch(self) -> None:
-        if not (self.active and self.training and len(self.yb)):
+        if not self.training_batch():
             return
         recorder = self.learn.recorder
         step = self.clock.global_step(self.epoch, self.iter)
@@ -221,7 +225,7 @@ class DivergenceCallback(TrainedEpochCallback):
         self.diverged: str | None = None
 
     def after_batch(self) -> None:
-        if not (self.active and self.training and len(self.yb)):
+        if not self.training_batch():
             return
         loss = float(self.learn.recorder.smooth_loss.val)
         if not math.isfinite(loss):
