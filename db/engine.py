@@ -147,6 +147,35 @@ def is_unavailable(exc: BaseException) -> bool:
     return False
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message (a driver's message goes on with the SQL)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def retry_with_backoff(
+    action: Callable[[], T],
+    what: str,
+    *,
+    retryable: Callable[[BaseException], bool],
+    give_up: Callable[[], bool],
+    max_backoff_s: float,
+) -> T:
+    """`action()`, tried again after 0.5 s, 1 s, 2 s … (at most `max_backoff_s`) while its
+    error is `retryable`. Any other error is raised at once, and so is a retryable one once
+    `give_up()` says so (a stop request)."""
+    delay = 0.5
+    while True:
+        try:
+            return action()
+        except Exception as exc:
+            if not retryable(exc) or give_up():
+                raise
+            log.warning("could not %s, retrying in %.1f s: %s", what, delay, first_line(exc))
+            time.sleep(delay)
+            delay = min(max_backoff_s, delay * 2)
+
+
 def retry_while_unavailable(
     action: Callable[[], T],
     what: str,
@@ -154,19 +183,7 @@ def retry_while_unavailable(
     give_up: Callable[[], bool] = lambda: False,
     max_backoff_s: float = 10.0,
 ) -> T:
-    """`action()`, tried again with backoff while the database is busy or unreachable.
-
-    Any other error is raised at once, and so is an unavailable database once `give_up()`
-    says so (a stop request).
-    """
-    delay = 0.5
-    while True:
-        try:
-            return action()
-        except Exception as exc:
-            if not is_unavailable(exc) or give_up():
-                raise
-            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            log.warning("could not %s, retrying in %.1f s: %s", what, delay, first_line)
-            time.sleep(delay)
-            delay = min(max_backoff_s, delay * 2)
+    """`action()`, tried again with backoff while the database is busy or unreachable."""
+    return retry_with_backoff(
+        action, what, retryable=is_unavailable, give_up=give_up, max_backoff_s=max_backoff_s
+    )

@@ -27,6 +27,7 @@ from typing import IO, TypeVar
 from sqlalchemy import Engine
 
 from db import queue, telemetry, workers
+from db.engine import first_line, retry_with_backoff
 from db.files import job_dir
 from db.queue import ClaimedJob, JobSignal
 from worker import devices
@@ -167,7 +168,7 @@ class Supervisor:
             self._recover_stale_jobs()
             return queue.claim(self.engine, self.options.worker_id)
         except Exception as exc:
-            log.warning("cannot reach the database to claim a job: %s", _first_line(exc))
+            log.warning("cannot reach the database to claim a job: %s", first_line(exc))
             time.sleep(min(MAX_DB_BACKOFF_S, self.options.poll_interval_s * 2))
             return None
 
@@ -255,7 +256,7 @@ class Supervisor:
         try:
             reply = queue.heartbeat(self.engine, running.job.lease)
         except Exception as exc:
-            log.warning("heartbeat of job %d failed: %s", running.job.id, _first_line(exc))
+            log.warning("heartbeat of job %d failed: %s", running.job.id, first_line(exc))
             return
         if not reply.still_owned:
             log.error(
@@ -370,26 +371,21 @@ class Supervisor:
         try:
             action()
         except Exception as exc:
-            log.warning("database update failed: %s", _first_line(exc))
+            log.warning("database update failed: %s", first_line(exc))
 
     def _with_retries(self, action: Callable[[], T], what: str) -> T | None:
-        """Retry with backoff while the database is away; give up only on a second signal."""
-        delay = 0.5
-        while True:
-            try:
-                return action()
-            except Exception as exc:
-                if self.shutdown_requests >= 2:
-                    log.error("could not %s (%s); giving up", what, _first_line(exc))
-                    return None
-                log.warning("could not %s, retrying in %.0fs: %s", what, delay, _first_line(exc))
-                time.sleep(delay)
-                delay = min(MAX_DB_BACKOFF_S, delay * 2)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        """Retry with backoff whatever the error; give up only on a second signal."""
+        try:
+            return retry_with_backoff(
+                action,
+                what,
+                retryable=lambda _exc: True,
+                give_up=lambda: self.shutdown_requests >= 2,
+                max_backoff_s=MAX_DB_BACKOFF_S,
+            )
+        except Exception as exc:
+            log.error("could not %s (%s); giving up", what, first_line(exc))
+            return None
 
 
 def _signal_name(number: int) -> str:
