@@ -11,7 +11,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from db import config
-from db.engine import DatabaseUrlError
+from db.engine import DatabaseUrlError, first_line
 from db.engine import get_engine as db_get_engine
 from db.migrate import is_migrated
 
@@ -43,7 +43,7 @@ def require_database() -> Engine:
         st.error(f"DATABASE_URL cannot be used: {exc}")
         st.stop()
     except SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        reason = first_line(exc)
         st.error(f"Cannot reach the database at {_printable_url(url)}: {reason}")
         st.stop()
     if not migrated:

@@ -43,6 +43,7 @@ from google.rpc import code_pb2
 from sqlalchemy import Engine
 
 from db import queue
+from db.engine import first_line
 
 GOOGLE_TPU_API_ENDPOINT = "https://tpu.googleapis.com"
 ENDPOINT_ENV = "TRAINDECK_TPU_API_ENDPOINT"
@@ -152,7 +153,7 @@ def load_credentials(endpoint: str) -> FoundCredentials:
         credentials, project = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
     except auth_exceptions.DefaultCredentialsError as exc:
         raise CredentialsMissing(
-            f"No Google Cloud credentials were found ({_first_line(exc)}).\n\n"
+            f"No Google Cloud credentials were found ({first_line(exc)}).\n\n"
             f"{HOW_TO_SET_CREDENTIALS}"
         ) from None
     return FoundCredentials(credentials, project, "Application Default Credentials")
@@ -168,7 +169,7 @@ def _service_account_file(path: Path) -> FoundCredentials:
         )
     except (ValueError, KeyError, OSError) as exc:
         raise CredentialsMissing(
-            f"{problem} is not a usable service-account key file: {_first_line(exc)}.\n\n"
+            f"{problem} is not a usable service-account key file: {first_line(exc)}.\n\n"
             f"{HOW_TO_SET_CREDENTIALS}"
         ) from None
     source = f"service account {credentials.service_account_email} (key file {path})"
@@ -474,13 +475,13 @@ def describe_api_error(exc: Exception, doing: str, endpoint: str, project: str =
     if isinstance(exc, auth_exceptions.GoogleAuthError):
         return (
             f"The credentials could not get an access token while {doing}: "
-            f"{_first_line(exc)}. {HOW_TO_SET_CREDENTIALS}"
+            f"{first_line(exc)}. {HOW_TO_SET_CREDENTIALS}"
         )
     if isinstance(exc, requests.exceptions.Timeout):
         return f"The Cloud TPU API at {endpoint} did not answer within {REQUEST_TIMEOUT_S:g} s."
     if isinstance(exc, requests.exceptions.RequestException):
         return f"Cannot reach the Cloud TPU API at {endpoint} while {doing}: {_reason(exc)}"
-    return f"Unexpected failure while {doing}: {_first_line(exc)}"
+    return f"Unexpected failure while {doing}: {first_line(exc)}"
 
 
 _REQUEST_PREFIX = re.compile(r"^(GET|POST|PUT|PATCH|DELETE) \S+: ")
@@ -491,13 +492,8 @@ _API_FAILURES = (
 )
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _reason(exc: requests.exceptions.RequestException) -> str:
-    text = _first_line(exc)
+    text = first_line(exc)
     match = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
     return match.group(1) if match else text
 

@@ -29,7 +29,7 @@ from dashboard.tpu_cloud import (
     make_client,
     recover_jobs_of_lost_nodes,
 )
-from db.engine import DatabaseUrlError, get_engine
+from db.engine import DatabaseUrlError, first_line, get_engine
 
 EXIT_USER_ERROR = 2
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.once:
                 return 1
         except SQLAlchemyError as exc:
-            _say(f"the database failed: {str(exc).splitlines()[0]}")
+            _say(f"the database failed: {first_line(exc)}")
             if args.once:
                 return 1
         if args.once:

@@ -19,7 +19,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 from db import queue
 from db.cliargs import EXIT_USER_ERROR, Parser, job_id, positive_int
 from db.datasets import list_datasets
-from db.engine import DatabaseUrlError, get_engine
+from db.engine import DatabaseUrlError, database_problem, get_engine
 from db.imagesets import (
     DatasetError,
     Registration,
@@ -380,13 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except (OperationalError, ProgrammingError) as exc:
-        print(f"error: {_database_problem(exc)}", file=sys.stderr)
+        print(f"error: {database_problem(exc)}", file=sys.stderr)
         return EXIT_DATABASE_ERROR
     return 0
 
 
-def _database_problem(exc: Exception) -> str:
-    text = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-    if "no such table" in text or ("does not exist" in text and "relation" in text):
-        return "the database has no traindeck tables yet; run `python -m db upgrade`"
-    return f"database unavailable: {text}"

@@ -148,9 +148,28 @@ def is_unavailable(exc: BaseException) -> bool:
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an error's message (a driver's message goes on with the SQL)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    """The first line of an error's message, or its type's name when it has none
+    (`TimeoutError()`). A SQLAlchemy error speaks through the driver's error it wraps,
+    whose message goes on with the SQL and its parameters."""
+    error = getattr(exc, "orig", None) or exc
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def error_summary(exc: BaseException) -> str:
+    """`TypeName: first line`, or just the type's name for an error with no message."""
+    error = getattr(exc, "orig", None) or exc
+    text = first_line(exc)
+    name = type(error).__name__
+    return name if text == name else f"{name}: {text}"
+
+
+def database_problem(exc: BaseException) -> str:
+    """What a command tells a person whose database could not be used."""
+    text = first_line(exc)
+    if "no such table" in text or ("does not exist" in text and "relation" in text):
+        return "the database has no traindeck tables yet; run `python -m db upgrade`"
+    return f"database unavailable: {text}"
 
 
 def retry_with_backoff(

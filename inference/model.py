@@ -18,6 +18,7 @@ from fastai.learner import Learner, load_learner
 from fastai.vision.core import PILImage
 from PIL import Image, UnidentifiedImageError
 
+from db.engine import error_summary, first_line
 from db.exports import read_verified
 from db.models import Artifact
 
@@ -63,7 +64,7 @@ def decode_image(name: str, data: bytes) -> PILImage:
     except Image.DecompressionBombError as exc:
         raise ImageError(f"{name}: the image is too large to open ({exc})") from None
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError… for broken files
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        detail = first_line(exc)
         raise ImageError(f"{name}: the image is damaged and cannot be decoded ({detail})") from None
 
 
@@ -113,8 +114,7 @@ def load_model(data: bytes, sha256: str) -> LoadedModel:
             learn = load_learner(io.BytesIO(data), cpu=True)
     except Exception as exc:
         raise ModelLoadError(
-            f"the export could not be loaded as a fastai model ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''})"
+            f"the export could not be loaded as a fastai model ({error_summary(exc)})"
         ) from None
     if not isinstance(learn, Learner):
         raise ModelLoadError(f"the export holds a {type(learn).__name__}, not a fastai Learner")

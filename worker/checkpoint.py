@@ -14,6 +14,8 @@ import torch
 from fastai.torch_core import apply, to_cpu, to_device
 from torch import Tensor
 
+from db.engine import first_line
+
 CHECKPOINT_NAME = "checkpoint.pth"
 FORMAT_VERSION = 1
 NEARLY_FULL_BYTES = 16 * 2**20
@@ -25,7 +27,7 @@ class ArtifactWriteError(Exception):
 
 def write_failure(what: str, path: Path, exc: BaseException) -> ArtifactWriteError:
     """A message that names the file, the reason, and the space left on its disk."""
-    reason = getattr(exc, "strerror", None) or str(exc).strip().splitlines()[0]
+    reason = getattr(exc, "strerror", None) or first_line(exc)
     try:
         stats = os.statvfs(path.parent)
         free_bytes = stats.f_bavail * stats.f_frsize

@@ -20,7 +20,7 @@ from pathlib import Path
 from sqlalchemy.exc import SQLAlchemyError
 
 from db.cliargs import EXIT_USER_ERROR, Parser, job_id, positive_int
-from db.engine import DatabaseUrlError, get_engine
+from db.engine import DatabaseUrlError, database_problem, get_engine
 from db.exports import ArtifactUnavailable, recorded_artifact
 from inference.model import DEFAULT_TOP_K, LoadedModel, ModelLoadError, Prediction, load_export
 
@@ -91,11 +91,6 @@ def _as_json(job_id: int, predictions: list[Prediction]) -> str:
     )
 
 
-def _database_problem(exc: SQLAlchemyError) -> str:
-    text = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-    if "no such table" in text or ("does not exist" in text and "relation" in text):
-        return "the database has no traindeck tables yet; run `python -m db upgrade`"
-    return f"database unavailable: {text}"
 
 
 def main(argv: list[str]) -> int:
@@ -107,7 +102,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except SQLAlchemyError as exc:
-        print(f"error: {_database_problem(exc)}", file=sys.stderr)
+        print(f"error: {database_problem(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
     predictions = [predict_file(model, name, args.top_k) for name in args.images]
     if args.json:

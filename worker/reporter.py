@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from db import queue, telemetry
+from db.engine import first_line
 from db.queue import Lease
 from db.telemetry import MetricPoint
 
@@ -181,12 +182,7 @@ class TelemetryWriter:
                 else:
                     done.add(kind)
         except Exception as exc:
-            if self._failures == 0:
-                log.warning(
-                    "database write failed, keeping %d points buffered: %s",
-                    len(points),
-                    str(exc).splitlines()[0],
-                )
+            # Put everything back before anything else can fail: a point is never dropped.
             with self._lock:
                 if "points" not in done:
                     self._points[:0] = points
@@ -195,5 +191,11 @@ class TelemetryWriter:
                 self._reports[:0] = reports[reports_done:]
                 if "progress" not in done and self._progress is None:
                     self._progress = progress
+            if self._failures == 0:
+                log.warning(
+                    "database write failed, keeping %d points buffered: %s",
+                    len(points),
+                    first_line(exc),
+                )
             return False
         return True

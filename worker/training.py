@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 
 from db import config
 from db.artifacts import record_artifact
-from db.engine import retry_while_unavailable
+from db.engine import error_summary, retry_while_unavailable
 from db.queue import Lease
 from db.spec import JobSpec
 from db.telemetry import LR_FIND, MetricPoint
@@ -213,7 +213,7 @@ def _pretrained_unavailable(arch: str, exc: Exception) -> JobFailure:
     weights = _weights_file(arch)
     return JobFailure(
         f"pretrained weights for {arch} ({weights}) are not in {checkpoints} and could not "
-        f"be downloaded ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). "
+        f"be downloaded ({error_summary(exc)}). "
         f'Pre-fetch them on a machine with internet access: python -c "import torchvision; '
         f"torchvision.models.{arch}(weights='DEFAULT')\", then copy "
         f"~/.cache/torch/hub/checkpoints/{weights} to {checkpoints}/ on this worker "

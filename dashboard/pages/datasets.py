@@ -15,6 +15,7 @@ from dashboard.actions import flash, show_flashes
 from dashboard.state import require_database
 from db.dataset_validation import DATASET_ROOTS_ENV, allowed_roots, counted
 from db.datasets import get_dataset, list_datasets
+from db.engine import first_line
 from db.imagesets import (
     DatasetError,
     Registration,
@@ -64,7 +65,7 @@ def _register(
         st.error(str(exc), icon=":material/error:")
         return
     except SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        reason = first_line(exc)
         st.error(f"The database refused the dataset: {reason}", icon=":material/error:")
         return
     flash("success", registration.summary())

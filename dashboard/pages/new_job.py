@@ -16,6 +16,7 @@ from dashboard.nav import JOB_PAGE
 from dashboard.state import get_engine
 from db import queue
 from db.datasets import get_dataset
+from db.engine import first_line
 from db.imagesets import is_image_name
 from db.spec import SpecError
 
@@ -89,7 +90,7 @@ def submit(engine: Engine) -> None:
         st.session_state.pop(QUEUED_KEY, None)
         return
     except SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        reason = first_line(exc)
         st.session_state[PROBLEMS_KEY] = {
             "values": data,
             "problems": {"spec": f"the database refused the job: {reason}"},
