@@ -18,6 +18,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from db import queue
 from db.cliargs import EXIT_USER_ERROR, Parser, job_id, positive_int
+from db.dataset_validation import normalize_dataset_name
 from db.datasets import list_datasets
 from db.engine import DatabaseUrlError, database_problem, get_engine
 from db.imagesets import (
@@ -279,10 +280,11 @@ def cmd_dataset_remove(engine: Engine, args: argparse.Namespace) -> None:
         deleted = unregister_dataset(engine, args.name, force=args.force)
     except DatasetError as exc:
         raise UserError(str(exc)) from None
+    name = normalize_dataset_name(args.name)
     if args.json:
-        _print_json({"removed": args.name, "deleted": deleted})
+        _print_json({"removed": name, "deleted": deleted})
         return
-    print(f"removed dataset {args.name}")
+    print(f"removed dataset {name}")
     for path in deleted:
         print(f"  deleted {path}")
 
@@ -337,7 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         dataset_subs[name] = sub
     add = dataset_subs["add"]
-    add.add_argument("name", help="the name jobs use (letters, digits, '.', '_', '-')")
+    add.add_argument(
+        "name", help="the name jobs use: letters and digits of any script, '.', '_', '-'"
+    )
     source = add.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--folder",

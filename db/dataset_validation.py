@@ -9,7 +9,7 @@ is refused, so a browser user cannot point the server at /etc or at someone's ho
 from __future__ import annotations
 
 import os
-import re
+import unicodedata
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -22,7 +22,14 @@ from db.labelling import DatasetError, LabelledItems, relative_name, scan_items
 
 DATASET_ROOTS_ENV = "TRAINDECK_DATASET_ROOTS"
 MAX_NAME_LENGTH = 100
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# The upload folder is named after the dataset, and its staging folder adds 18 characters:
+# both must stay under the 255 bytes most file systems allow in one name.
+MAX_NAME_BYTES = 200
+NAME_PUNCTUATION = frozenset("._-")
+NAME_RULE = (
+    "may hold only letters and digits (of any script, with their accents), '.', '_' and '-', "
+    "and must start with a letter or digit"
+)
 RESERVED_NAMES = frozenset({"digits"})
 # Decoding a JPEG at a reduced scale proves it is readable at a fraction of the cost.
 DRAFT_SIZE = (64, 64)
@@ -70,39 +77,63 @@ def resolve_inside_roots(path: Path | str, what: str = "folder") -> Path:
     return resolved
 
 
+def normalize_dataset_name(name: str | None) -> str:
+    """The stored form of a dataset name: stripped and NFC, so that 'é' typed as one
+    character or as 'e' plus an accent names the same dataset and the same folder."""
+    return unicodedata.normalize("NFC", (name or "").strip())
+
+
+def _name_character_allowed(char: str, first: bool) -> bool:
+    category = unicodedata.category(char)
+    if category[0] == "L" or category == "Nd":
+        return True
+    # Combining accents and vowel signs belong to the letter before them.
+    return not first and (category[0] == "M" or char in NAME_PUNCTUATION)
+
+
 def validate_dataset_name(name: str) -> str:
-    """The name, stripped, if it can name a dataset (and its upload folder)."""
-    name = (name or "").strip()
+    """The name in its stored form, if it can name a dataset (and its upload folder)."""
+    name = normalize_dataset_name(name)
     if not name:
         raise DatasetError("a dataset needs a name")
     if len(name) > MAX_NAME_LENGTH:
         raise DatasetError(f"the dataset name is longer than {MAX_NAME_LENGTH} characters")
-    if not NAME_PATTERN.match(name):
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
         raise DatasetError(
-            f"dataset name {name!r} may hold only letters, digits, '.', '_' and '-', "
-            "and must start with a letter or digit"
+            f"the dataset name is longer than {MAX_NAME_BYTES} bytes in UTF-8, too long for "
+            "a folder name; shorten it"
         )
+    if not all(_name_character_allowed(c, i == 0) for i, c in enumerate(name)):
+        raise DatasetError(f"dataset name {name!r} {NAME_RULE}")
     if name.lower() in RESERVED_NAMES:
         raise DatasetError(f"{name!r} is the name of a built-in dataset; choose another")
     return name
 
 
-def image_problem(path: Path) -> str | None:
-    """Why the image at `path` cannot be decoded, or None when it can."""
+def check_image(path: Path) -> tuple[str | None, str | None]:
+    """(its mode, None) when the image at `path` reads as training reads it ('RGB',
+    'L 16-bit', …: `db.images.mode_label`), else (None, why it cannot be decoded)."""
     from PIL import Image
+
+    from db.images import SOURCE_MODE, open_image
 
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
-                image.draft("RGB", DRAFT_SIZE)
-                image.load()
+            # Bomb-sized images are refused below; PIL's other warnings (a palette's
+            # transparency dropped by RGB) would repeat once per file of a dataset.
+            warnings.simplefilter("ignore")
+            image = open_image(path, draft=DRAFT_SIZE)
     except Image.DecompressionBombError:
-        return "has too many pixels to decode safely"
+        return None, "has too many pixels to decode safely"
     except Exception as exc:
         detail = str(exc).replace(str(path), path.name) or type(exc).__name__
-        return f"cannot be decoded: {detail}"
-    return None
+        return None, f"cannot be decoded: {detail}"
+    return image.info[SOURCE_MODE], None
+
+
+def image_problem(path: Path) -> str | None:
+    """Why the image at `path` cannot be decoded, or None when it can."""
+    return check_image(path)[1]
 
 
 @dataclass
@@ -116,6 +147,8 @@ class DatasetReport:
     bad_files: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    # Decodable images per file mode ('RGB', 'L 16-bit', …), most common first.
+    modes: dict[str, int] = field(default_factory=dict)
 
     @property
     def classes(self) -> list[str]:
@@ -136,6 +169,8 @@ class DatasetReport:
             f"{self.item_count} images in {len(self.class_counts)} classes, {split} "
             f"(rule: {self.label_rule.get('type')})"
         ]
+        if self.modes:
+            lines.append("modes: " + ", ".join(f"{m} ×{n:,}" for m, n in self.modes.items()))
         if self.bad_files:
             lines.append(
                 f"left out {counted(len(self.bad_files), 'file')} that cannot be decoded: "
@@ -169,9 +204,11 @@ def find_bad_files(
     root: Path,
     items: LabelledItems,
     progress: ProgressCallback | None = None,
+    modes: Counter[str] | None = None,
 ) -> dict[str, str]:
     """Relative name → reason for every item that cannot be decoded, or that is a link
-    leading outside the dataset folder and the allowed roots."""
+    leading outside the dataset folder and the allowed roots. Counts the mode of every
+    decodable image in `modes`."""
     resolved_root = root.resolve()
     roots = allowed_roots()
     bad: dict[str, str] = {}
@@ -183,9 +220,11 @@ def find_bad_files(
         ):
             bad[relative_name(path, root)] = "links outside the allowed data roots"
         else:
-            reason = image_problem(path)
+            mode, reason = check_image(path)
             if reason:
                 bad[relative_name(path, root)] = reason
+            elif modes is not None:
+                modes[mode] += 1
         if progress is not None:
             progress(index + 1, total)
     return bad
@@ -201,7 +240,8 @@ def inspect_dataset(
     """Scan `root` by `rule`, decode every image, count the classes and list the problems
     that keep the dataset from training."""
     items = scan_items(root, rule)
-    bad = find_bad_files(root, items, progress) if check_images else {}
+    modes: Counter[str] = Counter()
+    bad = find_bad_files(root, items, progress, modes) if check_images else {}
     kept_labels: list[str] = []
     kept_flags: list[bool] = []
     for index, (path, label) in enumerate(items.items):
@@ -226,6 +266,7 @@ def inspect_dataset(
             for part, wanted in (("train", False), ("valid", True))
         }
     report = DatasetReport(root, rule, counts, split_counts, bad, list(items.skipped))
+    report.modes = dict(sorted(modes.items(), key=lambda entry: (-entry[1], entry[0])))
     report.problems = _problems(report)
     return report
 

@@ -29,6 +29,7 @@ from db.dataset_validation import (
     DatasetReport,
     ProgressCallback,
     inspect_dataset,
+    normalize_dataset_name,
     resolve_inside_roots,
     validate_dataset_name,
 )
@@ -358,6 +359,7 @@ def register_url(
 def unregister_dataset(engine: Engine, name: str, *, force: bool = False) -> list[str]:
     """Remove a dataset from the registry; delete the files traindeck wrote for it (an
     upload's folder, a URL's download), never a user's own folder. Returns what was deleted."""
+    name = normalize_dataset_name(name)
     dataset = get_dataset(engine, name)
     if dataset is None:
         raise DatasetError(f"no dataset named {name!r} is registered")

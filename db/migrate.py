@@ -18,7 +18,9 @@ def alembic_config(engine: Engine) -> Config:
     return config
 
 
-def upgrade(engine: Engine, revision: str = "heads") -> None:
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    # "head", not "heads": a second head is a mistake that tests/db/test_migrations.py catches,
+    # and Alembic refuses "head" when there are two, instead of hiding it.
     command.upgrade(alembic_config(engine), revision)
 
 

@@ -20,6 +20,8 @@ from pydantic import (
     model_validator,
 )
 
+from db.dataset_validation import normalize_dataset_name
+
 # Architecture names the worker knows how to build (torchvision models via fastai).
 ARCHITECTURES: tuple[str, ...] = (
     "resnet18",
@@ -191,6 +193,11 @@ class JobSpec(BaseModel):
         if value > 10:
             raise ValueError("must be at most 10")
         return value
+
+    @field_validator("dataset")
+    @classmethod
+    def _stored_form(cls, value: str) -> str:
+        return normalize_dataset_name(value)
 
     @field_validator("dataset")
     @classmethod

@@ -6,11 +6,13 @@ import json
 import os
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
 
+from db import queue
 from db.cli import EXIT_USER_ERROR, main
 from db.datasets import get_dataset
 from tests.datasets.imagegen import (
@@ -88,6 +90,10 @@ def test_add_each_kind_then_list(
         (["add", "x", "--url", "gopher://a/b.tgz"], "neither a fastai dataset name"),
         (["add", "x", "--zip", "missing.zip"], "does not exist"),
         (["add", "x y", "--url", "URLs.PETS"], "may hold only letters"),
+        (["add", "猫 狗", "--url", "URLs.PETS"], "may hold only letters and digits (of any script"),
+        (["add", "猫\u200b狗", "--url", "URLs.PETS"], "may hold only letters"),
+        (["add", ".猫", "--url", "URLs.PETS"], "must start with a letter or digit"),
+        (["add", "猫" * 67, "--url", "URLs.PETS"], "longer than 200 bytes in UTF-8"),
         (["add", "x", "--folder", "a", "--url", "URLs.PETS"], "not allowed with argument"),
         (["add", "x"], "one of the arguments --folder --csv --zip --url is required"),
         (["remove", "ghost"], "no dataset named 'ghost'"),
@@ -137,3 +143,34 @@ def test_a_hostile_zip_from_a_terminal_gives_no_traceback(
     assert "Traceback" not in result.stderr
     assert not (tmp_path.parent / "evil.png").exists()
     assert not list((data_dir / "datasets" / "uploads").iterdir())
+
+
+def test_a_name_in_any_script_names_the_dataset_its_folder_and_jobs_in_nfc(
+    sqlite_engine: Engine, data_dir: Path, tmp_path: Path
+) -> None:
+    archive = zip_folder(make_folder_dataset(tmp_path / "src", per_class=2), tmp_path / "z.zip")
+    # As a macOS file name or a keyboard may give it: 'e' and a combining accent.
+    typed = unicodedata.normalize("NFD", "café-猫狗")
+    stored = unicodedata.normalize("NFC", typed)
+    assert typed != stored
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "db", *argv, "--json"]
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+
+    added = cli("dataset", "add", typed, "--zip", str(archive))
+    assert added.returncode == 0, added.stderr
+    assert json.loads(added.stdout)["name"] == stored
+    assert [p.name for p in (data_dir / "datasets" / "uploads").iterdir()] == [stored]
+    assert get_dataset(sqlite_engine, stored).location.startswith(
+        str(data_dir / "datasets" / "uploads" / stored)
+    )
+    submitted = cli("submit", "--dataset", typed, "--bs", "2")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = json.loads(submitted.stdout)["id"]
+    assert queue.get_job(sqlite_engine, job_id).spec["dataset"] == stored
+    removed = cli("dataset", "remove", typed, "--force")
+    assert removed.returncode == 0, removed.stderr
+    assert json.loads(removed.stdout)["removed"] == stored
+    assert get_dataset(sqlite_engine, stored) is None

@@ -188,7 +188,8 @@ def test_the_cli_refuses_bad_datasets_and_stores_nothing(
     outside.mkdir()
     cases: list[tuple[list[str], str]] = [
         (["x'; DROP TABLE datasets;--", "--folder", str(good)], "dataset name"),
-        (["猫", "--folder", str(good)], "dataset name"),
+        (["猫 狗", "--folder", str(good)], "dataset name"),
+        (["猫\u200b狗", "--folder", str(good)], "dataset name"),
         (["a" * 101, "--folder", str(good)], "longer than 100 characters"),
         (["", "--folder", str(good)], "name"),
         (["a\x00b", "--folder", str(good)], "dataset name"),
