@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from db.engine import read_tx, write_tx
 from db.models import Dataset, Job, utcnow
+from db.spec import training_images
 
 BUILTIN_DATASETS = ("digits",)
 ACTIVE_STATUSES = ("queued", "running")
@@ -17,6 +18,17 @@ ACTIVE_STATUSES = ("queued", "running")
 
 class DatasetExists(ValueError):
     """A dataset of that name is already registered."""
+
+
+def training_images_of(dataset: Dataset | None, valid_pct: float) -> int | None:
+    """The images a job trains on, when the registry knows: None for a dataset that fixes
+    its own split (its split counts are not stored) or that no worker has fetched yet."""
+    if dataset is None or not dataset.item_count:
+        return None
+    rule = dataset.label_rule or {}
+    if rule.get("split") or rule.get("type") not in (None, "folder", "regex"):
+        return None
+    return training_images(dataset.item_count, valid_pct)
 
 
 def dataset_names(engine: Engine) -> set[str]:

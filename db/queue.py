@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from db.engine import is_sqlite, read_tx, write_tx
 from db.models import FINISHED_STATUSES, Job, JobEvent, utcnow
-from db.spec import JobSpec, parse_spec
+from db.spec import JobSpec, SpecError, batch_size_problem, parse_spec
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,19 @@ def submit(
 ) -> int:
     """Validate `data` as a job spec (raising `SpecError`) and queue it. Returns the job id."""
     spec = parse_spec(data, known_dataset_names(engine))
+    refuse_batch_larger_than_dataset(engine, spec)
     return enqueue(engine, spec, cloned_from=cloned_from)
+
+
+def refuse_batch_larger_than_dataset(engine: Engine, spec: JobSpec) -> None:
+    """SpecError when the registry shows the batch cannot be filled, which the worker would
+    otherwise find only once the job runs."""
+    from db.datasets import get_dataset, training_images_of
+
+    count = training_images_of(get_dataset(engine, spec.dataset), spec.valid_pct)
+    problem = batch_size_problem(spec.bs, count, spec.dataset)
+    if problem:
+        raise SpecError({"bs": problem})
 
 
 def enqueue(engine: Engine, spec: JobSpec, *, cloned_from: int | None = None) -> int:

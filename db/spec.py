@@ -226,6 +226,24 @@ class JobSpec(BaseModel):
 FIELD_NAMES: tuple[str, ...] = tuple(JobSpec.model_fields)
 
 
+def training_images(item_count: int, valid_pct: float) -> int:
+    """How many of `item_count` images a random split trains on. The same arithmetic as
+    fastai's RandomSplitter (it holds out `int(valid_pct * n)`), so that a batch refused at
+    submit is exactly one the worker could not fill."""
+    return item_count - int(valid_pct * item_count)
+
+
+def batch_size_problem(bs: int, training_count: int | None, dataset: str) -> str | None:
+    """Why a batch of `bs` cannot be drawn from `training_count` images, or None. fastai drops
+    the last incomplete training batch, so a larger batch would leave no batch at all."""
+    if training_count is None or bs <= training_count:
+        return None
+    return (
+        f"batch size {bs} is larger than the {training_count} training images of "
+        f"dataset {dataset!r}; lower bs"
+    )
+
+
 def _humanize(error: dict[str, Any]) -> tuple[str, str]:
     """(field, message) for one pydantic error, in plain words."""
     loc = [str(part) for part in error.get("loc", ()) if not str(part).startswith("function-")]

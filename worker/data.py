@@ -20,7 +20,7 @@ from sqlalchemy import Engine
 from db.datasets import get_dataset
 from db.imagesets import ensure_digits
 from db.labelling import DatasetError, LabelledItems, scan_items
-from db.spec import JobSpec
+from db.spec import JobSpec, batch_size_problem, training_images
 from worker.fetch import load_dataset_items
 
 log = logging.getLogger(__name__)
@@ -93,8 +93,13 @@ def build_dataloaders(items: LabelledItems, spec: JobSpec, device: torch.device)
     if items.is_valid is not None:
         valid_indices = [i for i, flag in enumerate(items.is_valid) if flag]
         splitter = IndexSplitter(valid_indices)
+        training_count = len(all_items) - len(valid_indices)
     else:
         splitter = RandomSplitter(valid_pct=spec.valid_pct, seed=spec.seed)
+        training_count = training_images(len(all_items), spec.valid_pct)
+    problem = batch_size_problem(spec.bs, training_count, spec.dataset)
+    if problem:
+        raise DatasetError(problem)
     batch_tfms = []
     if spec.augment:
         batch_tfms += aug_transforms(size=spec.img_size)
@@ -114,9 +119,4 @@ def build_dataloaders(items: LabelledItems, spec: JobSpec, device: torch.device)
         device=device,
         num_workers=loader_workers(len(all_items)),
     )
-    if len(dls.train) == 0:
-        raise DatasetError(
-            f"batch size {spec.bs} is larger than the {len(dls.train_ds)} training images of "
-            f"dataset {spec.dataset!r}; lower bs"
-        )
     return dls

@@ -15,7 +15,7 @@ from dashboard.actions import CLONE_REQUEST_KEY, show_flashes
 from dashboard.nav import JOB_PAGE
 from dashboard.state import get_engine
 from db import queue
-from db.datasets import get_dataset
+from db.datasets import get_dataset, training_images_of
 from db.engine import first_line
 from db.imagesets import is_image_name
 from db.spec import SpecError
@@ -79,6 +79,21 @@ def dataset_picker(engine: Engine, problem: str | None) -> None:
             column.image(path, caption=caption, width=72)
     else:
         st.caption("No sample images: the dataset's folder is not on this machine.")
+
+
+def training_images_caption(engine: Engine) -> None:
+    """The images a batch is drawn from, beside the batch size, so that a batch too large
+    for the dataset shows before the job is queued."""
+    dataset = get_dataset(engine, st.session_state[spec_form.DATASET_KEY])
+    valid_pct = st.session_state.get(spec_form.KEY_PREFIX + "valid_pct")
+    count = None if valid_pct is None else training_images_of(dataset, valid_pct)
+    if count is None:
+        st.caption("Training images: counted when the job starts.")
+        return
+    st.caption(
+        f"Training images: {count:,} of {dataset.item_count:,} "
+        f"({valid_pct:.0%} held out for validation)."
+    )
 
 
 def submit(engine: Engine) -> None:
@@ -157,6 +172,8 @@ for title, fields in spec_form.form_fields().items():
     for index, field in enumerate(fields):
         with columns[index % 3]:
             spec_form.render_field(field, problems.get(field.name))
+            if field.name == "bs":
+                training_images_caption(engine)
         shown.add(field.name)
 
 other_problems = {field: message for field, message in problems.items() if field not in shown}

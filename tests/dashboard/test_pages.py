@@ -357,6 +357,9 @@ def test_the_dataset_picker_shows_counts_and_sample_images(sqlite_engine, data_d
     captions = [caption for image in at.image for caption in image.proto.imgs]
     assert [image.caption for image in captions] == ["circle", "square", "star"]
 
+    # 12 images hold no batch of the default 64; the form says how many there are to train on.
+    assert "Training images: 10 of 12 (20% held out for validation)." in texts(at)
+    at.number_input(key="spec.bs").set_value(8).run()
     button(at, "Queue job").click().run()
     assert queue.list_jobs(sqlite_engine)[0].spec["dataset"] == "shapes"
 

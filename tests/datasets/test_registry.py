@@ -232,7 +232,7 @@ def test_removing_an_upload_deletes_its_files_but_never_a_users_folder(
     register_zip(engine, "uploaded", archive)
     own = make_folder_dataset(data_dir / "mine", per_class=2)
     register_folder(engine, "mine", own)
-    job_id = queue.submit(engine, {"dataset": "uploaded", "epochs": 1})
+    job_id = queue.submit(engine, {"dataset": "uploaded", "epochs": 1, "bs": 2})
 
     with pytest.raises(DatasetError, match=f"used by queued or running jobs \\({job_id}\\)"):
         unregister_dataset(engine, "uploaded")

@@ -23,6 +23,7 @@ from streamlit.testing.v1 import AppTest
 from db import cli, queue
 from db.datasets import get_dataset, list_datasets
 from db.engine import dispose_engines, read_tx
+from db.imagesets import register_folder
 from db.models import Dataset, Job
 from db.spec import MAX_NAME_LENGTH
 from tests.datasets.imagegen import colour_for, make_folder_dataset, write_image
@@ -227,7 +228,7 @@ def test_unicode_and_sql_class_names_are_registered_and_trained_on_verbatim(
     stored = get_dataset(engine, "unicode-set")
     assert sorted(stored.classes) == sorted(UNICODE_CLASSES)
     assert stored.class_counts == dict.fromkeys(UNICODE_CLASSES, 3)
-    code, out, err = _cli(capsys, "submit", "--dataset", "unicode-set", "--json")
+    code, out, err = _cli(capsys, "submit", "--dataset", "unicode-set", "--bs", "8", "--json")
     assert (code, err) == (0, "")
     assert queue.get_job(engine, json.loads(out)["id"]).spec["dataset"] == "unicode-set"
 
@@ -346,6 +347,35 @@ def test_the_form_stores_sql_and_unicode_names_verbatim(engine: Engine):
         assert not _errors(at), _errors(at)
         assert at.success[0].value.startswith("Queued job #")
     assert [job.name for job in queue.list_jobs(engine)] == [*SQL_NAMES, *UNICODE_NAMES][::-1]
+
+
+@pytest.mark.usefixtures("_fresh_dashboard_engine")
+def test_a_batch_larger_than_the_training_images_is_refused_at_submit(
+    sqlite_engine: Engine, capsys: pytest.CaptureFixture[str], data_dir: Path
+):
+    # 48 images, of which a random split by the default valid_pct 0.2 trains on 39.
+    folder = make_folder_dataset(data_dir / "small", ("cat", "dog"), per_class=24)
+    register_folder(sqlite_engine, "small", folder)
+    message = "batch size 64 is larger than the 39 training images of dataset 'small'; lower bs"
+
+    result = _python_m_db("submit", "--dataset", "small", "--bs", "64")
+    assert result.returncode == cli.EXIT_USER_ERROR
+    assert result.stderr.decode().splitlines() == [f"error: bs: {message}"]
+    assert (
+        _refused(capsys, ["submit", "--dataset", "small", "--bs", "40"], "the 39 training") is None
+    )
+    assert _cli(capsys, "submit", "--dataset", "small", "--bs", "39")[0] == 0
+
+    at = _new_job_form()
+    _widget(at.selectbox, "spec.dataset").select("small")
+    _widget(at.number_input, "spec.bs").set_value(64)
+    at.run()
+    assert "Training images: 39 of 48 (20% held out for validation)." in [
+        caption.value for caption in at.caption
+    ]
+    _queue(at)
+    assert message in _errors(at), _errors(at)
+    assert _count(sqlite_engine, Job) == 1
 
 
 # --- the dashboard's Datasets page (AppTest) ---------------------------------------------------

@@ -68,7 +68,9 @@ def test_failing_jobs_fail_with_a_clear_message_and_the_worker_goes_on(
     sqlite_engine, small_digits, data_dir
 ):
     dataset = small_digits(per_class=10, classes=3)
-    missing = queue.submit(sqlite_engine, {"dataset": dataset, "epochs": 1, "device": "cpu"})
+    missing = queue.submit(
+        sqlite_engine, {"dataset": dataset, "epochs": 1, "bs": 8, "device": "cpu"}
+    )
     shutil.rmtree(data_dir / "subsets")
     offline = queue.submit(
         sqlite_engine, {"pretrained": True, "arch": "resnet34", "epochs": 1, "device": "cpu"}

@@ -14,7 +14,7 @@ from fastai.callback.progress import ProgressCallback
 from fastai.learner import AvgSmoothLoss
 from fastai.test_utils import synth_learner
 
-from db.spec import JobSpec
+from db.spec import JobSpec, training_images
 from tests.worker.conftest import REPO, run_worker, worker_env
 from worker import checkpoint, xla_report
 from worker.callbacks import (
@@ -38,6 +38,15 @@ def test_raw_loss_is_recovered_exactly_from_fastais_smoothed_loss():
         smooth.accumulate(SimpleNamespace(loss=torch.tensor(loss)))
         recovered.append(tracker.raw_loss(smooth))
     assert recovered == pytest.approx(losses, rel=1e-4, abs=1e-4)
+
+
+def test_the_training_count_checked_at_submit_is_fastais_random_split():
+    from fastai.data.transforms import RandomSplitter
+
+    for count in (2, 7, 48, 49, 100, 1797):
+        for valid_pct in (0.05, 0.1, 0.15, 0.2, 0.3, 0.35, 0.5):
+            train, _ = RandomSplitter(valid_pct=valid_pct, seed=0)(range(count))
+            assert training_images(count, valid_pct) == len(train), (count, valid_pct)
 
 
 def test_training_clock_numbers_steps_across_phases():
