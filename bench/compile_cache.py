@@ -26,6 +26,8 @@ from pathlib import Path
 
 import _setup  # first: fixes sys.path
 
+from db.entry import run_main
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -76,4 +78,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

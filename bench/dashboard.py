@@ -33,6 +33,7 @@ from tsdownsample import MinMaxLTTBDownsampler
 
 from dashboard.charts import batch_loss_figure
 from db.engine import create_db_engine, write_tx
+from db.entry import run_main
 from db.jobs_table import job_rows
 from db.migrate import upgrade
 from db.models import Job, Metric, utcnow
@@ -189,4 +190,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

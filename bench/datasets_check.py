@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from PIL import Image
 
 from db.dataset_validation import find_bad_files, image_problem
+from db.entry import run_main
 from db.labelling import detect_label_rule, scan_items
 from db.uploads import extract_zip
 
@@ -83,4 +84,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -47,6 +47,7 @@ from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
 from db import queue
 from db.engine import create_db_engine, read_tx
+from db.entry import run_main
 from db.migrate import upgrade
 from db.models import Metric
 from db.telemetry import MetricPoint
@@ -367,4 +368,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

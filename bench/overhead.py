@@ -23,6 +23,7 @@ import time
 import _setup  # noqa: F401  (first: fixes sys.path)
 
 from bench._fit import check_fit_finished, instrument_like_worker, prepare_digits_fit
+from db.entry import run_main
 
 
 def _counters() -> tuple[int, int]:
@@ -107,4 +108,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

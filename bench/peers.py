@@ -54,6 +54,7 @@ from bench._fit import (
     prepare_digits_fit,
     tree_cpu_seconds,
 )
+from db.entry import run_main
 
 OFFLINE_ENVIRONMENT = {
     "WANDB_MODE": "offline",
@@ -276,4 +277,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

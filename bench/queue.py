@@ -29,6 +29,7 @@ REPO = _setup.REPO
 
 from db import queue
 from db.engine import create_db_engine
+from db.entry import run_main
 from db.migrate import upgrade
 from db.spec import JobSpec
 
@@ -207,4 +208,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

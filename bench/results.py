@@ -29,6 +29,8 @@ from pathlib import Path
 
 import _setup  # noqa: F401  (first: fixes sys.path)
 
+from db.entry import run_main
+
 
 def seconds(function) -> tuple[float, object]:
     start = time.perf_counter()
@@ -105,4 +107,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

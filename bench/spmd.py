@@ -29,6 +29,8 @@ from pathlib import Path
 
 import _setup  # first: fixes sys.path
 
+from db.entry import run_main
+
 INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = \w+\[([\d,]*)\]\S* (\w[\w\-]*)\((.*)$")
 OPERAND = re.compile(r"%([\w.\-]+)")
 TIMED_FROM_STEP = 3  # the first steps compile
@@ -200,4 +202,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -838,4 +838,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from db.entry import run_main
+
+    run_main(main)

@@ -30,6 +30,7 @@ from dashboard.tpu_cloud import (
     recover_jobs_of_lost_nodes,
 )
 from db.engine import DatabaseUrlError, first_line, get_engine
+from db.entry import run_main
 
 EXIT_USER_ERROR = 2
 
@@ -96,6 +97,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        run_main(main)
     except KeyboardInterrupt:
         sys.exit(0)

@@ -1,5 +1,4 @@
-import sys
-
 from db.cli import main
+from db.entry import run_main
 
-sys.exit(main())
+run_main(main)

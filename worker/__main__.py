@@ -1,5 +1,4 @@
-import sys
-
+from db.entry import run_main
 from worker.cli import main
 
-sys.exit(main())
+run_main(main)

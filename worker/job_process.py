@@ -145,4 +145,6 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from db.entry import run_main
+
+    run_main(main)

@@ -12,6 +12,8 @@ import pytest
 from db import queue
 from db.artifacts import record_artifact
 from db.cli import main
+from db.datasets import save_dataset
+from db.entry import EXIT_BROKEN_PIPE
 from db.telemetry import MetricPoint, write_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -158,3 +160,28 @@ def test_real_entry_point_and_a_missing_schema(data_dir, tmp_path):
         text=True,
     )  # fmt: skip
     assert listed.returncode == 0 and json.loads(listed.stdout) == []
+
+
+def test_a_reader_that_leaves_early_ends_the_cli_quietly(sqlite_engine):
+    # More output than a pipe holds, so that the command is still writing when `head` leaves.
+    classes = [f"class-{index:05d}" for index in range(5000)]
+    save_dataset(
+        sqlite_engine,
+        name="many",
+        kind="folder",
+        location="/nowhere",
+        label_rule={"type": "folder"},
+        classes=classes,
+        class_counts=dict.fromkeys(classes, 2),
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "db", "dataset", "list", "--json"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout.readline() == b"[\n"
+    process.stdout.close()
+    errors = process.stderr.read().decode()
+    assert process.wait(timeout=60) == EXIT_BROKEN_PIPE
+    assert errors == ""
