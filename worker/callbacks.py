@@ -21,6 +21,7 @@ from fastai.callback.core import Callback, CancelFitException
 from fastai.callback.schedule import LRFinder
 
 from db.telemetry import BATCH, EPOCH, MetricPoint
+from worker.failpoints import LR_FIND_TMP_SAVED, VALIDATION_STARTED, failpoint
 from worker.reporter import Progress, TelemetryWriter
 
 log = logging.getLogger("worker.training")
@@ -385,3 +386,16 @@ class EpochEndCallback(TrainedEpochCallback):
         except Exception as exc:
             self.failure = exc
             raise CancelFitException() from exc
+
+
+class FailpointCallback(Callback):
+    """The failpoints inside a fit (see worker.failpoints), added only when a test armed one:
+    fastai's loop has no other place to name these moments."""
+
+    order = 95  # before StopCallback: a cancel sent while stopped here ends the fit at once
+
+    def before_batch(self) -> None:
+        if in_lr_find(self.learn):
+            failpoint(LR_FIND_TMP_SAVED)
+        elif not self.training:
+            failpoint(VALIDATION_STARTED)

@@ -37,6 +37,7 @@ from worker.callbacks import (
     AutocastCallback,
     DivergenceCallback,
     EpochEndCallback,
+    FailpointCallback,
     StopCallback,
     TelemetryCallback,
     TrainingClock,
@@ -44,6 +45,7 @@ from worker.callbacks import (
     XlaStepCallback,
 )
 from worker.data import build_dataloaders, drop_undecodable, load_items
+from worker.failpoints import EXPORT_TMP_WRITTEN, any_armed, failpoint
 from worker.prefetch import PrefetchCallback
 from worker.reporter import TelemetryWriter
 from worker.results import record_results
@@ -326,6 +328,8 @@ def run(ctx: TrainingContext) -> Path:
     )
     if device.type == "xla":
         learn.add_cb(XlaReportCallback(ctx.writer, clock, str(xla_cache_dir())))
+    if any_armed():
+        learn.add_cb(FailpointCallback())
 
     phases = schedule_phases(spec, 0.0)
     set_trainable(learn, phases[0])
@@ -470,6 +474,7 @@ def export_model(learn: Learner, job_dir: Path) -> Path:
         learn.export(temporary)
         with open(temporary, "rb") as handle:
             os.fsync(handle.fileno())
+        failpoint(EXPORT_TMP_WRITTEN)
         os.replace(temporary, final)
     except (OSError, RuntimeError) as exc:
         kept = checkpoint.checkpoint_path(job_dir)

@@ -20,7 +20,15 @@ from db import jobs_table, queue, series, telemetry
 from db.artifacts import get_artifact
 from db.files import job_dir
 from db.telemetry import count_metric_duplicates, metric_series
-from tests.worker.conftest import child_pids, run_worker, start_worker, wait_for
+from tests.worker.conftest import (
+    child_pids,
+    output_tail,
+    run_worker,
+    start_worker,
+    wait_for,
+    wait_until_stopped_at,
+)
+from worker import failpoints
 
 pytestmark = pytest.mark.slow
 
@@ -41,9 +49,15 @@ def _messages(engine, job_id: int) -> list[str]:
 
 
 def _only_child(worker: subprocess.Popen) -> int:
-    children = wait_for(lambda: child_pids(worker.pid), 120, "the job's process")
-    assert len(children) == 1
-    return children[0]
+    def children() -> list[int]:
+        if worker.poll() is not None:
+            output = output_tail(worker)
+            raise AssertionError(f"the worker exited before its job's process was seen:\n{output}")
+        return child_pids(worker.pid)
+
+    found = wait_for(children, 120, "the job's process")
+    assert len(found) == 1
+    return found[0]
 
 
 def _sigterm_pending(pid: int) -> bool:
@@ -54,49 +68,29 @@ def _sigterm_pending(pid: int) -> bool:
     return bool(pending & (1 << (signal.SIGTERM - 1)))
 
 
-def _is_stopped(pid: int) -> bool:
-    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    return state in ("T", "t")
-
-
-def _freeze_at(child: int, moment: Callable[[], object], what: str, timeout: float = 300) -> None:
-    """Stop the process (SIGSTOP) at a moment when `moment()` holds, judged while it is stopped:
-    checked on a running process, the moment could pass between the check and the stop. The
-    process runs ~95% of the time while this samples it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        os.kill(child, signal.SIGSTOP)
-        while not _is_stopped(child):
-            time.sleep(0.001)
-        if moment():
-            return
-        os.kill(child, signal.SIGCONT)
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.1)
-
-
-def _cancel_frozen_at(
+def _cancel_at_failpoint(
     engine,
     job_id: int,
-    moment: Callable[[], object],
-    what: str,
-    while_frozen: Callable[[], None] | None = None,
+    failpoint: str,
+    while_stopped: Callable[[], None] | None = None,
 ) -> None:
-    """Run one job under a worker, stop its process (SIGSTOP) at a moment when `moment()`
-    holds, and cancel the job while it is stopped: the supervisor's SIGTERM waits until the
-    process resumes, so the stop lands exactly there. `while_frozen` checks the frozen state."""
-    worker = start_worker("--once", TRAINDECK_HEARTBEAT_INTERVAL="0.5")
+    """Run one job under a worker with `failpoint` armed (worker.failpoints), and cancel the
+    job while its process is stopped there: the supervisor's SIGTERM waits until the process
+    resumes, so the cancel lands exactly at that point. `while_stopped` checks that state."""
+    worker = start_worker(
+        "--once", TRAINDECK_HEARTBEAT_INTERVAL="0.5", TRAINDECK_FAILPOINTS=failpoint
+    )
     try:
         child = _only_child(worker)
-        _freeze_at(child, moment, what)
-        if while_frozen is not None:
-            while_frozen()
+        wait_until_stopped_at(child, failpoint, lambda: output_tail(worker))
+        if while_stopped is not None:
+            while_stopped()
         assert queue.cancel(engine, job_id) == "cancelling"
         wait_for(lambda: _sigterm_pending(child), 60, "the supervisor's stop signal")
         os.kill(child, signal.SIGCONT)
         output, _ = worker.communicate(timeout=300)
     finally:
-        worker.kill()
+        worker.kill()  # its job's process dies with it (PR_SET_PDEATHSIG), stopped or not
     assert worker.returncode == 0, output[-3000:]
     assert queue.get_job(engine, job_id).status == "cancelled"
 
@@ -304,34 +298,31 @@ def test_cancel_during_lr_find(engine, database_url, digits_dataset):
     job_id = queue.submit(
         engine, {**SMALL_JOB, "dataset": digits_dataset(), "epochs": 2, "lr": "find"}
     )
-    # fastai's lr_find saves the weights it will restore under <job>/models/tmp…/
-    _cancel_frozen_at(
-        engine, job_id, lambda: list(job_dir(job_id).glob("models/*/_tmp.pth")), "lr_find"
+
+    def lr_find_weights_saved() -> None:
+        # fastai's lr_find saves the weights it will restore under <job>/models/tmp…/
+        assert list(job_dir(job_id).glob("models/*/_tmp.pth")), "lr_find is running"
+
+    _cancel_at_failpoint(
+        engine, job_id, failpoints.LR_FIND_TMP_SAVED, while_stopped=lr_find_weights_saved
     )
     assert metric_series(engine, job_id, "lr_find/suggestion") == []
     assert metric_series(engine, job_id, "batch/train_loss") == [], "training never started"
+    assert not list(job_dir(job_id).glob("models/*/_tmp.pth")), "lr_find cleaned up"
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_cancel_during_validation(engine, database_url, digits_dataset):
-    job_id = queue.submit(
-        engine,
-        {**SMALL_JOB, "dataset": digits_dataset(per_class=150), "epochs": 2, "img_size": 64,
-         "valid_pct": 0.5},
-    )  # fmt: skip
-    # The last training batch of epoch 1 is stored before validation starts.
-    steps_per_epoch = 750 // 16
+    job_id = queue.submit(engine, {**SMALL_JOB, "dataset": digits_dataset(), "epochs": 2})
 
     def still_validating() -> None:
         assert metric_series(engine, job_id, "epoch/valid_loss") == [], "still validating"
 
-    _cancel_frozen_at(
-        engine,
-        job_id,
-        lambda: len(metric_series(engine, job_id, "batch/train_loss")) >= steps_per_epoch,
-        "the end of the first epoch's training",
-        while_frozen=still_validating,
+    _cancel_at_failpoint(
+        engine, job_id, failpoints.VALIDATION_STARTED, while_stopped=still_validating
     )
+    steps = [step for step, _ in metric_series(engine, job_id, "batch/train_loss")]
+    assert steps == list(range(STEPS_PER_EPOCH)), "the first epoch trained to its end"
     assert metric_series(engine, job_id, "epoch/valid_loss") == [], "validation was cut short"
     assert not (job_dir(job_id) / "checkpoint.pth").exists(), "no half-epoch checkpoint"
 
@@ -339,8 +330,13 @@ def test_cancel_during_validation(engine, database_url, digits_dataset):
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_cancel_during_export(engine, database_url, digits_dataset):
     job_id = queue.submit(engine, {**SMALL_JOB, "dataset": digits_dataset(), "epochs": 1})
-    _cancel_frozen_at(
-        engine, job_id, lambda: list(job_dir(job_id).glob(".export.pkl.*.tmp")), "the export"
+
+    def export_half_done() -> None:
+        assert list(job_dir(job_id).glob(".export.pkl.*.tmp")), "the export is written"
+        assert not (job_dir(job_id) / "export.pkl").exists(), "and not yet renamed"
+
+    _cancel_at_failpoint(
+        engine, job_id, failpoints.EXPORT_TMP_WRITTEN, while_stopped=export_half_done
     )
     assert get_artifact(engine, job_id, "export") is None
     assert not (job_dir(job_id) / "export.pkl").exists(), "a cancelled job leaves no export"

@@ -95,3 +95,42 @@ def child_pids(supervisor_pid: int) -> list[int]:
         if parent == supervisor_pid and b"worker.job_process" in cmdline:
             found.append(int(entry.name))
     return found
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter in /proc/PID/stat (R running, S sleeping, T stopped, Z exited but not
+    yet reaped); None once the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def wait_until_stopped_at(
+    pid: int, failpoint: str, output: Callable[[], str], timeout: float = 300
+) -> None:
+    """Wait until process `pid`, started with `failpoint` armed (worker.failpoints), stops
+    itself there. It stays stopped until resumed, so this waits for a state, not a moment.
+    Fails, with `output()` (what the process or its worker printed), if it exits first."""
+    deadline = time.monotonic() + timeout
+    while (state := process_state(pid)) not in ("T", "t"):
+        if state in (None, "Z", "X"):
+            raise AssertionError(
+                f"the job's process exited before reaching failpoint {failpoint}:\n{output()}"
+            )
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for failpoint {failpoint}:\n{output()}"
+            )
+        time.sleep(0.05)
+
+
+def output_tail(process: subprocess.Popen[str], limit: int = 3000) -> str:
+    """The last of what a started worker printed; it is given 30 s to end, then killed."""
+    try:
+        output, _ = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+    return (output or "")[-limit:]
