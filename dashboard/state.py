@@ -34,13 +34,19 @@ def _printable_url(url: str) -> str:
 
 
 def require_database() -> Engine:
-    """The engine, or a clear message and a stopped page when the database cannot be used."""
+    """The engine, or a clear message and a stopped page when the database or the data folder
+    cannot be used."""
     url = config.database_url()
     try:
+        config.ensure_data_dir()  # uploads, checkpoints and exports are read and written there
         engine = get_engine()
         migrated = is_migrated(engine)
     except DatabaseUrlError as exc:
         st.error(f"DATABASE_URL cannot be used: {exc}")
+        st.stop()
+    except config.DataFolderError as exc:
+        st.error("traindeck cannot use its data folder:", icon=":material/error:")
+        st.code(str(exc), language=None, wrap_lines=True)  # a path is text, not Markdown
         st.stop()
     except SQLAlchemyError as exc:
         reason = first_line(exc)

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from db import queue
+from db import config, queue
 from db.cliargs import EXIT_USER_ERROR, Parser, job_id, positive_int
 from db.dataset_validation import normalize_dataset_name
 from db.datasets import list_datasets
@@ -228,6 +228,7 @@ def cmd_dataset_list(engine: Engine, args: argparse.Namespace) -> None:
 
 
 def cmd_dataset_builtin(engine: Engine, args: argparse.Namespace) -> None:
+    config.ensure_data_dir()
     location = register_builtin_datasets(engine)
     if args.json:
         _print_json({"name": "digits", "location": str(location)})
@@ -253,6 +254,7 @@ def _register_from_args(engine: Engine, args: argparse.Namespace) -> Registratio
 
 
 def cmd_dataset_add(engine: Engine, args: argparse.Namespace) -> None:
+    config.ensure_data_dir()  # uploads and relative folders live in it
     try:
         registration = _register_from_args(engine, args)
     except DatasetError as exc:

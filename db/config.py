@@ -15,6 +15,28 @@ def data_dir() -> Path:
     return Path(os.environ.get("TRAINDECK_DATA", "data")).expanduser().resolve()
 
 
+class DataFolderError(OSError):
+    """A folder traindeck must write to cannot be created or written; the message names it,
+    the setting that chose it, and why."""
+
+
+def ensure_folder(path: Path, what: str, setting: str) -> Path:
+    """`path`, created if missing, or a DataFolderError when it cannot be created or written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise DataFolderError(f"cannot create the {what} {path} ({setting}): {reason}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise DataFolderError(f"cannot write to the {what} {path} ({setting}): Permission denied")
+    return path
+
+
+def ensure_data_dir() -> Path:
+    """The data folder, created if missing, or a DataFolderError saying why it cannot be."""
+    return ensure_folder(data_dir(), "data folder", "TRAINDECK_DATA")
+
+
 def database_url() -> str:
     """`DATABASE_URL`, or a SQLite file under the data folder."""
     url = os.environ.get("DATABASE_URL", "").strip()

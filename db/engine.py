@@ -83,7 +83,11 @@ def dispose_engines() -> None:
 
 def _sqlite_engine(url: str, database: str | None) -> Engine:
     if database and database != ":memory:" and not database.startswith("file:"):
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(database).expanduser().resolve().parent
+        if folder == config.data_dir():
+            config.ensure_data_dir()
+        else:
+            config.ensure_folder(folder, "database folder", "DATABASE_URL")
     busy_timeout_ms = int(config.sqlite_busy_timeout_s() * 1000)
     engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000})
 

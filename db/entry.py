@@ -1,7 +1,8 @@
 """How every traindeck command starts and ends: `run_main(main)` in each `__main__` block.
 
 A command whose output is piped into `head` or `grep -q` ends quietly when the reader goes
-away, as Unix tools do.
+away, as Unix tools do, and a data folder that cannot be created or written is one line
+naming it, not a traceback.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from db.config import DataFolderError
+
 # What Python's documentation suggests for a closed stdout (the note on SIGPIPE in `signal`).
 EXIT_BROKEN_PIPE = 1
+EXIT_DATA_FOLDER = 2
 
 
 def _stdout_closed() -> bool:
@@ -29,7 +33,7 @@ def _stdout_closed() -> bool:
 
 
 def run_main(main: Callable[[], int | None]) -> NoReturn:
-    """Exit with `main()`'s status, or quietly when stdout's reader has gone."""
+    """Exit with `main()`'s status, quietly on a closed stdout or an unusable data folder."""
     try:
         status = main()
         # Flushed here, not at interpreter exit, so that a closed pipe is caught below.
@@ -42,4 +46,7 @@ def run_main(main: Callable[[], int | None]) -> NoReturn:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(EXIT_BROKEN_PIPE)
+    except DataFolderError as exc:
+        print(f"traindeck: {exc}", file=sys.stderr)
+        sys.exit(EXIT_DATA_FOLDER)
     sys.exit(status)

@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             heartbeat_interval_s=config.heartbeat_interval_s(),
             heartbeat_timeout_s=config.heartbeat_timeout_s(),
         )
+        config.ensure_data_dir()  # every job's checkpoints and export go there
         engine = get_engine()
     except (ValueError, DatabaseUrlError) as exc:
         print(f"error: {exc}", file=sys.stderr)

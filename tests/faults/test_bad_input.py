@@ -23,6 +23,7 @@ from streamlit.testing.v1 import AppTest
 from db import cli, queue
 from db.datasets import get_dataset, list_datasets
 from db.engine import dispose_engines, read_tx
+from db.entry import EXIT_DATA_FOLDER
 from db.imagesets import register_folder
 from db.models import Dataset, Job
 from db.spec import MAX_NAME_LENGTH
@@ -259,6 +260,36 @@ def test_a_real_cli_process_exits_2_with_one_line_and_no_traceback(
         assert len(result.stderr.strip().splitlines()) == 1
     assert _count(sqlite_engine, Job) == 0
     assert _count(sqlite_engine, Dataset) == 0
+
+
+def test_an_unusable_data_folder_is_one_line_from_every_command(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    monkeypatch.setenv("TRAINDECK_DATA", "/proc/nope")
+    reason = "cannot create the data folder /proc/nope (TRAINDECK_DATA): No such file or directory"
+    # SQLite in the data folder, then a Postgres database (never reached) beside it.
+    for database_url in ("", "postgresql://traindeck@127.0.0.1:1/none"):
+        monkeypatch.setenv("DATABASE_URL", database_url)
+        for command in (
+            ["db", "jobs"],
+            ["db", "dataset", "builtin"],
+            ["worker", "--once"],
+        ):
+            if database_url and command == ["db", "jobs"]:
+                continue  # needs no data folder when the database is elsewhere
+            result = subprocess.run(
+                [sys.executable, "-m", *command], capture_output=True, cwd=ROOT, timeout=120
+            )
+            assert result.returncode == EXIT_DATA_FOLDER, (command, result.stderr)
+            assert result.stderr.decode().splitlines() == [f"traindeck: {reason}"], command
+
+    monkeypatch.setenv("DATABASE_URL", "")
+    dispose_engines()
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "traindeck cannot use its data folder:" in _errors(at)
+    assert [code.value for code in at.code] == [reason]
 
 
 # --- the dashboard's New job form (AppTest) ----------------------------------------------------
