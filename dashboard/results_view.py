@@ -23,6 +23,7 @@ import streamlit as st
 from sqlalchemy import Engine
 
 from db.exports import ArtifactUnavailable, artifact_stat, read_verified, recorded_artifact
+from db.images import open_image
 from db.models import Artifact, Result
 from db.queue import JobNotFound, get_job
 from db.results import get_results
@@ -282,7 +283,7 @@ def show_prediction(data: bytes, prediction: Prediction) -> None:
         return
     with st.container(border=True):
         picture, numbers = st.columns([1, 4])
-        picture.image(data, width=UPLOAD_PREVIEW_WIDTH)
+        picture.image(open_image(data), width=UPLOAD_PREVIEW_WIDTH)
         best = prediction.top[0]
         numbers.markdown(
             f"**{best.label}** · {best.probability:.2%} · `{prediction.name}` · "

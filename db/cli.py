@@ -272,6 +272,7 @@ def cmd_dataset_add(engine: Engine, args: argparse.Namespace) -> None:
             "class_counts": report.class_counts if report else {},
             "split_counts": report.split_counts if report else None,
             "bad_files": report.bad_files if report else {},
+            "modes": report.modes if report else {},
             "skipped": (report.skipped if report else []) + registration.notes,
         }
     )

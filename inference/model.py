@@ -20,6 +20,7 @@ from PIL import Image, UnidentifiedImageError
 
 from db.engine import error_summary, first_line
 from db.exports import read_verified
+from db.images import open_image
 from db.models import Artifact
 
 DEFAULT_TOP_K = 3
@@ -54,11 +55,12 @@ class Prediction:
 
 
 def decode_image(name: str, data: bytes) -> PILImage:
-    """The image in `data` as fastai wants it (RGB), or ImageError naming the problem."""
+    """The image in `data` as fastai wants it (read as training read it: upright, 8-bit RGB),
+    or ImageError naming the problem."""
     if not data:
         raise ImageError(f"{name}: the file is empty")
     try:
-        return PILImage.create(data)
+        return PILImage.create(open_image(data))
     except UnidentifiedImageError:
         raise ImageError(f"{name}: not an image (no image format recognises it)") from None
     except Image.DecompressionBombError as exc:

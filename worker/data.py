@@ -8,16 +8,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from fastai.data.block import CategoryBlock, DataBlock
+from fastai.data.block import CategoryBlock, DataBlock, TransformBlock
 from fastai.data.core import DataLoaders
-from fastai.data.transforms import IndexSplitter, ItemGetter, RandomSplitter
+from fastai.data.transforms import IndexSplitter, IntToFloatTensor, ItemGetter, RandomSplitter
 from fastai.vision.augment import Normalize, Resize, aug_transforms
-from fastai.vision.core import imagenet_stats
-from fastai.vision.data import ImageBlock
+from fastai.vision.core import PILImage, imagenet_stats
 from PIL import Image
 from sqlalchemy import Engine
 
 from db.datasets import get_dataset
+from db.images import open_image
 from db.imagesets import ensure_digits
 from db.labelling import DatasetError, LabelledItems, scan_items
 from db.spec import JobSpec, batch_size_problem, training_images
@@ -38,6 +38,15 @@ def load_items(engine: Engine, dataset_name: str) -> LabelledItems:
     if dataset is None:
         raise DatasetError(f"dataset {dataset_name!r} is not registered")
     return load_dataset_items(dataset, engine)
+
+
+def image_block() -> TransformBlock:
+    """fastai's ImageBlock, reading each file with `open_image` (upright, 8 bits) as
+    predictions and thumbnails do: PILImage.create alone ignores EXIF and clips 16-bit values.
+
+    The export pickles these steps, so `db.images.open_image` must stay importable by that
+    name for a model to load."""
+    return TransformBlock(type_tfms=[open_image, PILImage.create], batch_tfms=IntToFloatTensor)
 
 
 def _decodes(path: Path) -> bool:
@@ -105,7 +114,7 @@ def build_dataloaders(items: LabelledItems, spec: JobSpec, device: torch.device)
         batch_tfms += aug_transforms(size=spec.img_size)
     batch_tfms.append(Normalize.from_stats(*imagenet_stats))
     block = DataBlock(
-        blocks=(ImageBlock, CategoryBlock),
+        blocks=(image_block(), CategoryBlock),
         get_items=lambda _source: all_items,
         get_x=ItemGetter(0),
         get_y=ItemGetter(1),

@@ -26,11 +26,12 @@ import torch
 from fastai.callback.core import Callback
 from fastai.interpret import ClassificationInterpretation
 from fastai.learner import Learner, Recorder
-from PIL import Image, ImageOps
+from PIL import Image
 
 from db.artifacts import get_artifact, record_artifact
 from db.datasets import get_dataset
 from db.files import replace_atomically
+from db.images import open_image
 from db.models import utcnow
 from db.results import save_results
 from db.telemetry import final_metrics
@@ -111,8 +112,7 @@ def _item_path(item: Any) -> str:
 def thumbnail_png(path: str) -> str | None:
     """A small PNG of the image, base64-encoded, or None if the file cannot be read now."""
     try:
-        with Image.open(path) as opened:
-            image = ImageOps.exif_transpose(opened).convert("RGB")
+        image = open_image(path)
     except Exception as exc:  # a file removed or damaged since training: show no picture
         log.warning("no thumbnail for %s: %s", path, exc)
         return None

@@ -170,16 +170,18 @@ def _preview(
 
 
 def _thumbnail(path: str):
-    """The image as RGB, enlarged without blurring when it is tiny (digits are 8×8)."""
+    """The image as training reads it, enlarged without blurring when it is tiny (digits are
+    8×8)."""
     from PIL import Image
 
-    with Image.open(path) as image:
-        image = image.convert("RGB")
-        scale = THUMBNAIL_PX / max(image.size)
-        if scale > 1:
-            size = (round(image.width * scale), round(image.height * scale))
-            image = image.resize(size, Image.Resampling.NEAREST)
-        return image
+    from db.images import open_image
+
+    image = open_image(path)
+    scale = THUMBNAIL_PX / max(image.size)
+    if scale > 1:
+        size = (round(image.width * scale), round(image.height * scale))
+        image = image.resize(size, Image.Resampling.NEAREST)
+    return image
 
 
 def class_chart(

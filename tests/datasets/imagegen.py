@@ -6,6 +6,7 @@ import csv
 import zipfile
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
 
 # One clear colour per class, so a model can tell the classes apart even in one epoch.
@@ -36,6 +37,31 @@ def write_image(
         image.convert("RGB").save(path, quality=90)
     else:
         image.save(path)
+    return path
+
+
+def grey_ramp(low: float, high: float, size: int = 12, dtype: type = np.uint16) -> np.ndarray:
+    """size×size values rising evenly from `low` to `high`, row by row."""
+    return np.linspace(low, high, size * size).reshape(size, size).astype(dtype)
+
+
+def write_array(path: Path, values: np.ndarray) -> Path:
+    """An image of exactly these values, in the mode their dtype gives (uint16 "I;16", int32
+    "I", float32 "F"): a PNG holds 8 or 16 bits, a TIFF any of them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(values).save(path)
+    return path
+
+
+def write_sideways_jpeg(path: Path, orientation: int, size: int = 16) -> Path:
+    """A JPEG stored with a dark left half and a light right half, tagged with the EXIF
+    `orientation` (6: turn 90° clockwise to view, 8: 90° anticlockwise)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = Image.new("RGB", (size, size), (230, 230, 230))
+    image.paste((20, 20, 20), (0, 0, size // 2, size))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    image.save(path, quality=95, exif=exif)
     return path
 
 
