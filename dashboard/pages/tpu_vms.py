@@ -4,7 +4,7 @@ create one (its startup script makes it a worker), start, stop, delete or recrea
 Destructive actions ask for a confirmation. Each long-running operation started here is
 followed until it ends. On every refresh of the node list (every few seconds while the page is
 open) the running jobs of a node that was preempted, terminated or stopped go back to the
-queue at once; `python -m dashboard.tpu_watch` does the same when nobody has the page open.
+queue at once; `python -m cloud.watch` does the same when nobody has the page open.
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ import streamlit as st
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from dashboard.state import get_engine
-from dashboard.tpu_bootstrap import (
+from cloud.bootstrap import (
     DEFAULT_DATA_DIR,
     DEFAULT_SOURCE_REF,
     BootstrapSettings,
     build_startup_script,
 )
-from dashboard.tpu_cloud import (
+from cloud.tpu import (
     COMMON_ACCELERATOR_TYPES,
     CREDENTIALS_ENV,
     CredentialsMissing,
@@ -47,6 +46,7 @@ from dashboard.tpu_cloud import (
     request_from_node,
     suggested_runtime_version,
 )
+from dashboard.state import get_engine
 from db import config, queue
 from db.workers import list_workers
 

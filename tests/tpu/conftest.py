@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.tpu_cloud import TpuVms, api_endpoint, load_credentials, make_client
+from cloud.tpu import TpuVms, api_endpoint, load_credentials, make_client
 from tests.tpu.fake_tpu_api import FakeTpuApi
 
 PROJECT = "test-project"

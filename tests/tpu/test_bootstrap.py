@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.tpu_bootstrap import (
+from cloud.bootstrap import (
     TORCH_XLA_VERSION,
     BootstrapSettings,
     build_startup_script,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from dashboard import tpu_watch
-from dashboard.tpu_cloud import TpuVms, recover_jobs_of_lost_nodes, worker_id_for_node
+from cloud import watch
+from cloud.tpu import TpuVms, recover_jobs_of_lost_nodes, worker_id_for_node
 from db import queue
 from db.telemetry import events_since
 from db.workers import register_worker
@@ -89,7 +89,7 @@ def test_the_watcher_requeues_without_the_page(
     job_id = _job_running_on_spot_node(engine, fake_api)
     fake_api.set_state("spot-1", "PREEMPTED")
 
-    assert tpu_watch.main(["--once"]) == 0
+    assert watch.main(["--once"]) == 0
 
     assert queue.get_job(engine, job_id).status == "queued"
     output = capsys.readouterr().out
@@ -104,15 +104,15 @@ def test_the_watcher_says_what_is_wrong(
     sqlite_engine, fake_api: FakeTpuApi, monkeypatch, capsys: pytest.CaptureFixture[str]
 ):
     fake_api.fail_next("list", 403, "Permission 'tpu.nodes.list' denied")
-    assert tpu_watch.main(["--once"]) == 1
+    assert watch.main(["--once"]) == 1
     assert "could not check: Permission denied while listing" in capsys.readouterr().out
 
     monkeypatch.delenv("TRAINDECK_TPU_ZONE")
     with pytest.raises(SystemExit) as exited:
-        tpu_watch.main(["--once"])
+        watch.main(["--once"])
     assert exited.value.code == 2
     assert "say --project and --zone" in capsys.readouterr().err
 
     monkeypatch.delenv("TRAINDECK_TPU_CREDENTIALS")
-    assert tpu_watch.main(["--once", "--zone", ZONE]) == 2
+    assert watch.main(["--once", "--zone", ZONE]) == 2
     assert "gcloud auth application-default login" in capsys.readouterr().err

@@ -11,8 +11,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from dashboard import tpu_cloud
-from dashboard.tpu_cloud import (
+from cloud import tpu as tpu_cloud
+from cloud.tpu import (
     CredentialsMissing,
     NodeRequest,
     NodeRequestError,

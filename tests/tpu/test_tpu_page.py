@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from dashboard.tpu_cloud import worker_id_for_node
+from cloud.tpu import worker_id_for_node
 from db import queue
 from db.telemetry import events_since
 from db.workers import register_worker, worker_heartbeat

@@ -1,7 +1,7 @@
 """Cloud TPU VMs through `google.cloud.tpu_v2`: list, create, start, stop and delete nodes,
 follow the long-running operations those start, find credentials, and word every failure
 for a person. No Streamlit here: the TPU VMs page and the watcher (`python -m
-dashboard.tpu_watch`) both build on it.
+cloud.watch`) both build on it.
 
 Configuration (environment):
 - `TRAINDECK_TPU_API_ENDPOINT`: the API's address, `https://tpu.googleapis.com` by default; an

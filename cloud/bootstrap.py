@@ -19,7 +19,7 @@ import shlex
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from dashboard.tpu_cloud import NODE_NAME_PATTERN, worker_id_for_node
+from cloud.tpu import NODE_NAME_PATTERN, worker_id_for_node
 
 TORCH_XLA_VERSION = "2.9.0"  # must match requirements.txt (a test checks)
 TORCH_XLA_REQUIREMENT = f"torch_xla[tpu]=={TORCH_XLA_VERSION}"

@@ -1,4 +1,4 @@
-"""`python -m dashboard.tpu_watch --project P --zone Z`: requeue the jobs of preempted TPU VMs
+"""`python -m cloud.watch --project P --zone Z`: requeue the jobs of preempted TPU VMs
 when nobody has the TPU VMs page open.
 
 Every `--interval` seconds it lists the zone's nodes and, for each one that is PREEMPTED,
@@ -19,7 +19,7 @@ from typing import NoReturn
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from dashboard.tpu_cloud import (
+from cloud.tpu import (
     TpuError,
     TpuVms,
     api_endpoint,
@@ -55,7 +55,7 @@ def check_once(vms: TpuVms, engine: Engine) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python -m dashboard.tpu_watch", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="python -m cloud.watch", description=__doc__.split("\n")[0])
     parser.add_argument("--project", default=None, help="Google Cloud project (default: env)")
     parser.add_argument("--zone", default=None, help="zone of the TPU VMs (default: env)")
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between looks")
