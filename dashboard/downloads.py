@@ -4,9 +4,9 @@
 hundreds of megabytes. Instead the job page asks `link_for` for a link: an unguessable token
 that names one recorded file for a limited time. The route (`routes()`, served by the `st.App`
 in `dashboard/app.py`) streams that file in chunks with its SHA-256 in a `Repr-Digest` header.
-Where sign-in is required, the sign-in gate (`dashboard.auth.SignInGate`) stands in front of
-this route too, and each link is bound to the sign-in that got it: another browser, or the same
-one after signing out, is refused even with the token.
+Where sign-in is required, the sign-in gate (`dashboard.auth.server.SignInGate`) stands in front
+of this route too, and each link is bound to the sign-in that got it: another browser, or the
+same one after signing out, is refused even with the token.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ class _Link:
     file_name: str
     sha256: str
     expires_at: float
-    # The sign-in that may use the link (`dashboard.auth` identity); None where none is needed.
+    # The sign-in that may use the link (a `dashboard.auth.sessions` identity); None where none
+    # is needed.
     owner: str | None
 
 

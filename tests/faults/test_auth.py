@@ -375,6 +375,7 @@ def test_a_download_link_works_only_for_the_sign_in_that_got_it(
         alice_identity = auth.identity_from_cookies(alice.cookies, password_policy)
         assert alice_identity and alice_identity.startswith("password:")
         # The job page asks for the link inside alice's script run: her identity is its owner.
+        # (downloads calls `auth.session_identity`, the package's name: that is the one patched.)
         monkeypatch.setattr(auth, "session_identity", lambda: alice_identity)
         url = downloads.link_for(model, "job1-export.pkl", digest)
 
