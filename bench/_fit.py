@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import _setup  # noqa: F401  (imported first by the script: fixes sys.path)
-
 
 @dataclass
 class DigitsFit:
@@ -35,9 +33,9 @@ def prepare_digits_fit(prefix: str, epochs: int, img_size: int, bs: int, xla: bo
     if xla:
         os.environ.setdefault("PJRT_DEVICE", "CPU")
 
+    from datasets.builtin import ensure_digits
+    from datasets.labelling import scan_items
     from db.engine import get_engine
-    from db.imagesets import ensure_digits
-    from db.labelling import scan_items
     from db.migrate import upgrade
     from db.spec import JobSpec
     from worker.data import build_dataloaders

@@ -24,9 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import _setup  # first: fixes sys.path
+from common.entry import run_main
 
-from db.entry import run_main
+REPO = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
@@ -51,11 +51,11 @@ def main() -> None:
     upgrade(engine)
     spec = {"arch": "resnet18", "epochs": args.epochs, "lr": 1e-2, "img_size": args.img_size,
             "bs": args.bs, "device": "xla", "cores": 1}  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(_setup.REPO))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     figures = []
     for run in ("first", "second"):
         job_id = queue.submit(engine, {**spec, "name": f"{run} job"})
-        subprocess.run([sys.executable, "-m", "worker", "--once"], cwd=_setup.REPO, env=env,
+        subprocess.run([sys.executable, "-m", "worker", "--once"], cwd=REPO, env=env,
                        capture_output=True, check=True)  # fmt: skip
         job = queue.get_job(engine, job_id)
         if job.status != "succeeded":

@@ -12,14 +12,12 @@ import time
 import zipfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from PIL import Image
 
-from db.dataset_validation import find_bad_files, image_problem
-from db.entry import run_main
-from db.labelling import detect_label_rule, scan_items
-from db.uploads import extract_zip
+from common.entry import run_main
+from datasets.labelling import detect_label_rule, scan_items
+from datasets.uploads import extract_zip
+from datasets.validation import find_bad_files, image_problem
 
 CLASSES = 10
 SIDES = (500, 1024)  # about an Oxford-IIIT Pets photo; a phone photo scaled down

@@ -39,15 +39,14 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import _setup  # noqa: F401  (first: the repository on sys.path, bench/ off it)
 import websockets
 from sqlalchemy import create_engine, func, select, text
 from streamlit.proto.BackMsg_pb2 import BackMsg
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
+from common.entry import run_main
 from db import queue
 from db.engine import create_db_engine, read_tx
-from db.entry import run_main
 from db.migrate import upgrade
 from db.models import Metric
 from db.telemetry import MetricPoint

@@ -20,10 +20,8 @@ import argparse
 import statistics
 import time
 
-import _setup  # noqa: F401  (first: fixes sys.path)
-
 from bench._fit import check_fit_finished, instrument_like_worker, prepare_digits_fit
-from db.entry import run_main
+from common.entry import run_main
 
 
 def _counters() -> tuple[int, int]:

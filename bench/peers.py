@@ -46,15 +46,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import _setup  # noqa: F401  (first: fixes sys.path)
-
 from bench._fit import (
     check_fit_finished,
     instrument_like_worker,
     prepare_digits_fit,
     tree_cpu_seconds,
 )
-from db.entry import run_main
+from common.entry import run_main
 
 OFFLINE_ENVIRONMENT = {
     "WANDB_MODE": "offline",

@@ -27,9 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-import _setup  # noqa: F401  (first: fixes sys.path)
-
-from db.entry import run_main
+from common.entry import run_main
 
 
 def seconds(function) -> tuple[float, object]:
@@ -51,8 +49,8 @@ def main() -> None:
     import torch
     from fastai.interpret import ClassificationInterpretation
 
-    from db.imagesets import ensure_digits
-    from db.labelling import scan_items
+    from datasets.builtin import ensure_digits
+    from datasets.labelling import scan_items
     from db.spec import JobSpec
     from inference.model import load_model
     from worker.data import build_dataloaders

@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import _setup  # first: fixes sys.path
+from common.entry import run_main
 
-from db.entry import run_main
+REPO = Path(__file__).resolve().parent.parent
 
 INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = \w+\[([\d,]*)\]\S* (\w[\w\-]*)\((.*)$")
 OPERAND = re.compile(r"%([\w.\-]+)")
@@ -81,8 +81,8 @@ def child(dump: Path) -> None:
     from fastai.callback.core import Callback
     from fastai.callback.training import ShortEpochCallback
 
-    from db.imagesets import ensure_digits
-    from db.labelling import scan_items
+    from datasets.builtin import ensure_digits
+    from datasets.labelling import scan_items
     from db.spec import JobSpec
     from worker import spmd
     from worker.data import build_dataloaders
@@ -158,9 +158,9 @@ def accuracy_jobs(largest: int, folder: Path) -> None:
             "device": "xla"}  # fmt: skip
     jobs = {1: queue.submit(engine, {**spec, "cores": 1}), largest: queue.submit(engine, spec)}
     env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(largest))
-    env["PYTHONPATH"] = str(_setup.REPO)
+    env["PYTHONPATH"] = str(REPO)
     for _ in jobs:
-        subprocess.run([sys.executable, "-m", "worker", "--once"], cwd=_setup.REPO, env=env,
+        subprocess.run([sys.executable, "-m", "worker", "--once"], cwd=REPO, env=env,
                        capture_output=True, check=True)  # fmt: skip
     finals = telemetry.final_metrics(engine, list(jobs.values()))
     for devices, job_id in jobs.items():

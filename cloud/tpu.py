@@ -40,10 +40,10 @@ from google.cloud import tpu_v2
 from google.longrunning import operations_pb2
 from google.oauth2 import service_account
 from google.rpc import code_pb2
-from sqlalchemy import Engine
 
+from common.errors import first_line
 from db import queue
-from db.engine import first_line
+from db.engine import Engine
 
 GOOGLE_TPU_API_ENDPOINT = "https://tpu.googleapis.com"
 ENDPOINT_ENV = "TRAINDECK_TPU_API_ENDPOINT"

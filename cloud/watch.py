@@ -16,9 +16,6 @@ import time
 from datetime import UTC, datetime
 from typing import NoReturn
 
-from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
-
 from cloud.tpu import (
     TpuError,
     TpuVms,
@@ -29,8 +26,9 @@ from cloud.tpu import (
     make_client,
     recover_jobs_of_lost_nodes,
 )
-from db.engine import DatabaseUrlError, first_line, get_engine
-from db.entry import run_main
+from common.entry import run_main
+from common.errors import first_line
+from db.engine import DatabaseError, DatabaseUrlError, Engine, get_engine
 
 EXIT_USER_ERROR = 2
 
@@ -83,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             _say(f"could not check: {exc}")
             if args.once:
                 return 1
-        except SQLAlchemyError as exc:
+        except DatabaseError as exc:
             _say(f"the database failed: {first_line(exc)}")
             if args.once:
                 return 1

@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import streamlit as st
-from sqlalchemy import Engine
 
+from common.files import remove_job_files
 from dashboard.nav import JOB_PAGE, NEW_JOB_PAGE
 from db import queue
-from db.files import remove_job_files
+from db.engine import Engine
 from db.models import FINISHED_STATUSES
 
 CLONE_REQUEST_KEY = "clone_request"

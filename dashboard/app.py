@@ -1,4 +1,4 @@
-"""The dashboard's entry point: `streamlit run dashboard/app.py` (the `web:` line of the Procfile).
+"""The dashboard's entry point, served by `python -m dashboard` (the `web:` line of the Procfile).
 
 This one file plays two parts:
 - `streamlit run` finds the `st.App` assignment below, imports this file as a module and serves
@@ -10,21 +10,13 @@ This one file plays two parts:
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import streamlit as st
+from starlette.middleware import Middleware
+from streamlit.runtime.pages_manager import PagesManager
 
-# `streamlit run` puts only this folder on sys.path; the pages import `db` and `dashboard`.
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-if str(PROJECT_ROOT) not in sys.path:
-    sys.path.insert(0, str(PROJECT_ROOT))
-
-import streamlit as st  # noqa: E402
-from starlette.middleware import Middleware  # noqa: E402
-from streamlit.runtime.pages_manager import PagesManager  # noqa: E402
-
-from dashboard import auth, downloads  # noqa: E402
-from dashboard.nav import build_navigation  # noqa: E402
-from dashboard.state import require_database  # noqa: E402
+from dashboard import auth, downloads
+from dashboard.nav import build_navigation
+from dashboard.state import require_database
 
 
 def run_page() -> None:

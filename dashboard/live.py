@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine
-
+from db.engine import Engine
 from db.series import DEFAULT_MAX_BUCKETS, Buckets, rows_since, snapshot
 from db.telemetry import EventRow, events_since, xla_reports
 

@@ -20,10 +20,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
-from sqlalchemy import Engine
 
+from datasets.images import open_image
+from db.engine import Engine
 from db.exports import ArtifactUnavailable, artifact_stat, read_verified, recorded_artifact
-from db.images import open_image
 from db.models import Artifact, Result
 from db.queue import JobNotFound, get_job
 from db.results import get_results

@@ -6,12 +6,10 @@ Other pages get the engine with `from dashboard.state import get_engine`.
 from __future__ import annotations
 
 import streamlit as st
-from sqlalchemy import Engine
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import SQLAlchemyError
 
-from db import config
-from db.engine import DatabaseUrlError, first_line
+from common import config
+from common.errors import first_line
+from db.engine import DatabaseError, DatabaseUrlError, Engine, printable_url
 from db.engine import get_engine as db_get_engine
 from db.migrate import is_migrated
 
@@ -24,13 +22,6 @@ def _engine_for(url: str) -> Engine:
 def get_engine() -> Engine:
     """The process-wide engine for `DATABASE_URL` (or the SQLite file in the data folder)."""
     return _engine_for(config.database_url())
-
-
-def _printable_url(url: str) -> str:
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "(unreadable DATABASE_URL)"
 
 
 def require_database() -> Engine:
@@ -48,13 +39,13 @@ def require_database() -> Engine:
         st.error("traindeck cannot use its data folder:", icon=":material/error:")
         st.code(str(exc), language=None, wrap_lines=True)  # a path is text, not Markdown
         st.stop()
-    except SQLAlchemyError as exc:
+    except DatabaseError as exc:
         reason = first_line(exc)
-        st.error(f"Cannot reach the database at {_printable_url(url)}: {reason}")
+        st.error(f"Cannot reach the database at {printable_url(url)}: {reason}")
         st.stop()
     if not migrated:
         st.error(
-            f"The database at {_printable_url(url)} has no tables yet. "
+            f"The database at {printable_url(url)} has no tables yet. "
             "Create them with `python -m db upgrade`, then reload this page."
         )
         st.stop()

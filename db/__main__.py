@@ -1,4 +1,6 @@
-from db.cli import main
-from db.entry import run_main
+"""`python -m db …`: the same commands as `traindeck …` (kept for scripts written before it)."""
 
-run_main(main)
+from common.entry import run_main
+from traindeck.cli import main
+
+run_main(lambda: main(prog="python -m db"))

@@ -7,8 +7,8 @@ from pathlib import Path
 from sqlalchemy import Engine, delete, insert, select
 from sqlalchemy.orm import Session
 
+from common.files import sha256_file
 from db.engine import read_tx, write_tx
-from db.files import sha256_file
 from db.models import Artifact, utcnow
 
 

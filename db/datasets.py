@@ -1,4 +1,4 @@
-"""The dataset registry: the `datasets` table. (Files on disk: `db.imagesets`.)"""
+"""The dataset registry: the `datasets` table. (Files on disk: `datasets.items`.)"""
 
 from __future__ import annotations
 

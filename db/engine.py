@@ -19,9 +19,20 @@ from typing import TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
+from sqlalchemy.exc import SQLAlchemyError as DatabaseError
 
-from db import config
+from common import config
+from common.errors import first_line
+
+# Other rooms name these through `db.engine`: only `db/` imports SQLAlchemy (.importlinter).
+__all__ = [
+    "DatabaseError",
+    "Engine",
+    "OperationalError",
+    "ProgrammingError",
+    "printable_url",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -34,6 +45,14 @@ _engines_lock = threading.Lock()
 
 class DatabaseUrlError(ValueError):
     """DATABASE_URL names a database traindeck cannot use."""
+
+
+def printable_url(url: str) -> str:
+    """A database URL fit to show a person: the password masked."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "(unreadable DATABASE_URL)"
 
 
 def normalize_url(url: str) -> str:
@@ -149,23 +168,6 @@ def is_unavailable(exc: BaseException) -> bool:
         message = str(exc.orig or exc).lower()
         return any(words in message for words in _UNAVAILABLE_MESSAGES)
     return False
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an error's message, or its type's name when it has none
-    (`TimeoutError()`). A SQLAlchemy error speaks through the driver's error it wraps,
-    whose message goes on with the SQL and its parameters."""
-    error = getattr(exc, "orig", None) or exc
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-def error_summary(exc: BaseException) -> str:
-    """`TypeName: first line`, or just the type's name for an error with no message."""
-    error = getattr(exc, "orig", None) or exc
-    text = first_line(exc)
-    name = type(error).__name__
-    return name if text == name else f"{name}: {text}"
 
 
 def database_problem(exc: BaseException) -> str:

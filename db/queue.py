@@ -393,7 +393,7 @@ def clone(engine: Engine, job_id: int, changes: dict[str, Any] | None = None) ->
 
 
 def delete_job(engine: Engine, job_id: int) -> None:
-    """Delete a finished job and all its rows. (Its files are the caller's: `db.files`.)"""
+    """Delete a finished job and all its rows. (Its files are the caller's: `common.files`.)"""
     with write_tx(engine) as connection:
         deleted = connection.execute(
             delete(Job).where(Job.id == job_id, Job.status.in_(FINISHED_STATUSES))

@@ -6,7 +6,7 @@ consecutive steps, each with its first and last step, min, max, sum and count: t
 the raw line as the min/max envelope (a spike stays visible however far it is zoomed out) and a
 smoothed line from the means. A short series comes back point by point (buckets of one).
 
-How the buckets are computed was chosen by measuring 10^6 points (`bench/dashboard.py`):
+How the buckets are computed was chosen by measuring 10^6 points (`bench/dashboard_queries.py`):
 on SQLite, fetching the raw rows costs 0.6 s (DB-API cursor) to 1.3 s (SQLAlchemy rows), and
 a GROUP BY on `step / width` 0.45 s because SQLite sorts every row in a temporary B-tree (and
 Postgres sorts them too: 0.33 s). One range query per bucket on a covering index reads the

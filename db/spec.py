@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from typing import Any, Literal
 
 from pydantic import (
@@ -20,7 +21,12 @@ from pydantic import (
     model_validator,
 )
 
-from db.dataset_validation import normalize_dataset_name
+
+def normalize_dataset_name(name: str | None) -> str:
+    """The stored form of a dataset name: stripped and NFC, so that 'é' typed as one
+    character or as 'e' plus an accent names the same dataset and the same folder."""
+    return unicodedata.normalize("NFC", (name or "").strip())
+
 
 # Architecture names the worker knows how to build (torchvision models via fastai).
 ARCHITECTURES: tuple[str, ...] = (

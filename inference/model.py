@@ -18,9 +18,9 @@ from fastai.learner import Learner, load_learner
 from fastai.vision.core import PILImage
 from PIL import Image, UnidentifiedImageError
 
-from db.engine import error_summary, first_line
+from common.errors import error_summary, first_line
+from datasets.images import open_image
 from db.exports import read_verified
-from db.images import open_image
 from db.models import Artifact
 
 DEFAULT_TOP_K = 3

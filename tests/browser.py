@@ -1,4 +1,4 @@
-"""Starting the dashboard with `streamlit run` and driving Debian's Chromium, shared by the
+"""Starting the dashboard with `python -m dashboard` and driving Debian's Chromium, shared by the
 browser tests and bench/load.py."""
 
 from __future__ import annotations
@@ -33,18 +33,10 @@ def start_dashboard(address: str, env: dict[str, str], log: Path) -> tuple[subpr
     """Start the dashboard as the Procfile does and wait until it answers; return the server
     and the URL to reach it through loopback."""
     port = free_port(address)
-    # The console script, as the Procfile runs it (`python -m` would put the cwd on sys.path).
-    command = [
-        str(Path(sys.executable).parent / "streamlit"),
-        "run",
-        "dashboard/app.py",
-        "--server.headless=true",
-        f"--server.port={port}",
-        f"--server.address={address}",
-        # Set by hand, so Streamlit does not look up this machine's external IP on the internet.
-        "--browser.serverAddress=localhost",
-        "--browser.gatherUsageStats=false",
-    ]
+    # As the Procfile runs it, with the dashboard's own settings (dashboard/streamlit.toml).
+    command = [sys.executable, "-m", "dashboard", f"--port={port}", f"--address={address}"]
+    # Set by hand, so Streamlit does not look up this machine's external IP on the internet.
+    env = {**env, "STREAMLIT_BROWSER_SERVER_ADDRESS": "localhost"}
     with open(log, "w") as output:
         server = subprocess.Popen(
             command, cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT

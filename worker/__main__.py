@@ -1,4 +1,4 @@
-from db.entry import run_main
+from common.entry import run_main
 from worker.cli import main
 
 run_main(main)

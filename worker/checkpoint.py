@@ -14,7 +14,7 @@ import torch
 from fastai.torch_core import apply, to_cpu, to_device
 from torch import Tensor
 
-from db.engine import first_line
+from common.errors import first_line
 
 CHECKPOINT_NAME = "checkpoint.pth"
 FORMAT_VERSION = 1

@@ -6,8 +6,8 @@ import argparse
 import logging
 import sys
 
-from db import config
-from db.cliargs import EXIT_USER_ERROR, Parser, positive_int, positive_seconds
+from common import config
+from common.cliargs import EXIT_USER_ERROR, Parser, positive_int, positive_seconds
 from db.engine import DatabaseUrlError, get_engine
 from worker.supervisor import Supervisor, SupervisorOptions, default_worker_id
 
@@ -19,12 +19,12 @@ def _worker_id(text: str) -> str:
     return text
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m worker") -> argparse.ArgumentParser:
     parser = Parser(
-        prog="python -m worker",
+        prog=prog,
         description="Claim training jobs from the queue and run them, one at a time.",
-        epilog="python -m worker predict --job ID IMAGE… classifies images with a finished "
-        "job's exported model (see python -m worker predict --help).",
+        epilog=f"{prog} predict --job ID IMAGE… classifies images with a finished "
+        f"job's exported model (see {prog} predict --help).",
     )
     parser.add_argument(
         "--once",
@@ -58,13 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m worker") -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["predict"]:
         from worker import predict  # imports fastai, which the supervisor itself never needs
 
         return predict.main(argv[1:])
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",

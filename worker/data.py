@@ -1,4 +1,4 @@
-"""fastai DataLoaders for a job, from the labelled images `db.imagesets` lists."""
+"""fastai DataLoaders for a job, from the labelled images `datasets.items` lists."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from fastai.data.transforms import IndexSplitter, IntToFloatTensor, ItemGetter, 
 from fastai.vision.augment import Normalize, Resize, aug_transforms
 from fastai.vision.core import PILImage, imagenet_stats
 from PIL import Image
-from sqlalchemy import Engine
 
+from datasets.builtin import ensure_digits
+from datasets.images import open_image
+from datasets.labelling import DatasetError, LabelledItems, scan_items
 from db.datasets import get_dataset
-from db.images import open_image
-from db.imagesets import ensure_digits
-from db.labelling import DatasetError, LabelledItems, scan_items
+from db.engine import Engine
 from db.spec import JobSpec, batch_size_problem, training_images
 from worker.fetch import load_dataset_items
 
@@ -44,7 +44,7 @@ def image_block() -> TransformBlock:
     """fastai's ImageBlock, reading each file with `open_image` (upright, 8 bits) as
     predictions and thumbnails do: PILImage.create alone ignores EXIF and clips 16-bit values.
 
-    The export pickles these steps, so `db.images.open_image` must stay importable by that
+    The export pickles these steps, so `datasets.images.open_image` must stay importable by that
     name for a model to load."""
     return TransformBlock(type_tfms=[open_image, PILImage.create], batch_tfms=IntToFloatTensor)
 

@@ -17,17 +17,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.error import HTTPError, URLError
 
-from sqlalchemy import Engine
-
+from datasets.folders import url_data_dir, url_fetch_dir
+from datasets.items import dataset_items
+from datasets.labelling import DatasetError, LabelledItems, dataset_root
+from datasets.register import normalize_dataset_url, record_fetched
 from db.datasets import get_dataset
-from db.imagesets import (
-    dataset_items,
-    normalize_dataset_url,
-    record_fetched,
-    url_data_dir,
-    url_fetch_dir,
-)
-from db.labelling import DatasetError, LabelledItems, dataset_root
+from db.engine import Engine
 from db.models import Dataset
 
 DOWNLOAD_TIMEOUT_S = 60.0

@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; it sends SIGTERM
 
+    from common.files import job_dir
     from db.engine import get_engine, retry_while_unavailable
-    from db.files import job_dir
     from db.queue import Lease, get_job
     from db.spec import JobSpec
     from worker.checkpoint import write_failure
@@ -138,13 +138,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _user_errors() -> tuple[type[Exception], ...]:
     """Errors that describe a problem with the job's input, shown without a traceback."""
-    from db.labelling import DatasetError
+    from datasets.labelling import DatasetError
     from worker.checkpoint import ArtifactWriteError
 
     return (DatasetError, ArtifactWriteError)
 
 
 if __name__ == "__main__":
-    from db.entry import run_main
+    from common.entry import run_main
 
     run_main(main)

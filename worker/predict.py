@@ -17,10 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from sqlalchemy.exc import SQLAlchemyError
-
-from db.cliargs import EXIT_USER_ERROR, Parser, job_id, positive_int
-from db.engine import DatabaseUrlError, database_problem, get_engine
+from common.cliargs import EXIT_USER_ERROR, Parser, job_id, positive_int
+from db.engine import DatabaseError, DatabaseUrlError, database_problem, get_engine
 from db.exports import ArtifactUnavailable, recorded_artifact
 from inference.model import DEFAULT_TOP_K, LoadedModel, ModelLoadError, Prediction, load_export
 
@@ -91,8 +89,6 @@ def _as_json(job_id: int, predictions: list[Prediction]) -> str:
     )
 
 
-
-
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -101,7 +97,7 @@ def main(argv: list[str]) -> int:
     except (ArtifactUnavailable, ModelLoadError, DatabaseUrlError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except SQLAlchemyError as exc:
+    except DatabaseError as exc:
         print(f"error: {database_problem(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
     predictions = [predict_file(model, name, args.top_k) for name in args.images]

@@ -12,10 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine
-
+from common.errors import first_line
 from db import queue, telemetry
-from db.engine import first_line
+from db.engine import Engine
 from db.queue import Lease
 from db.telemetry import MetricPoint
 

@@ -28,10 +28,10 @@ from fastai.interpret import ClassificationInterpretation
 from fastai.learner import Learner, Recorder
 from PIL import Image
 
+from common.files import replace_atomically
+from datasets.images import open_image
 from db.artifacts import get_artifact, record_artifact
 from db.datasets import get_dataset
-from db.files import replace_atomically
-from db.images import open_image
 from db.models import utcnow
 from db.results import save_results
 from db.telemetry import final_metrics

@@ -24,11 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, TypeVar
 
-from sqlalchemy import Engine
-
+from common.errors import first_line
+from common.files import job_dir
 from db import queue, telemetry, workers
-from db.engine import first_line, retry_with_backoff
-from db.files import job_dir
+from db.engine import Engine, retry_with_backoff
 from db.queue import ClaimedJob, JobSignal
 from worker import devices
 from worker.job_process import EXIT_OK, EXIT_STOPPED, LOG_PREFIX

@@ -24,11 +24,11 @@ from fastai.learner import Learner, Recorder
 from fastai.metrics import accuracy, error_rate, top_k_accuracy
 from fastai.torch_core import set_seed
 from fastai.vision.learner import vision_learner
-from sqlalchemy import Engine
 
-from db import config
+from common import config
+from common.errors import error_summary
 from db.artifacts import record_artifact
-from db.engine import error_summary, retry_while_unavailable
+from db.engine import Engine, retry_while_unavailable
 from db.queue import Lease
 from db.spec import JobSpec
 from db.telemetry import LR_FIND, MetricPoint

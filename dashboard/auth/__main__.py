@@ -1,4 +1,4 @@
+from common.entry import run_main
 from dashboard.auth.cli import main
-from db.entry import run_main
 
 run_main(main)

@@ -8,29 +8,25 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 import streamlit as st
-from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
 
+from common.errors import first_line
 from dashboard.actions import flash, show_flashes
 from dashboard.state import require_database
-from db.dataset_validation import DATASET_ROOTS_ENV, allowed_roots, counted
-from db.datasets import get_dataset, list_datasets
-from db.engine import first_line
-from db.imagesets import (
-    DatasetError,
+from datasets.items import dataset_items, preview_items, split_counts
+from datasets.labelling import PETS_LABEL_REGEX, DatasetError
+from datasets.register import (
     Registration,
-    dataset_items,
-    preview_items,
     register_csv,
     register_folder,
     register_url,
     register_zip,
-    split_counts,
     unregister_dataset,
 )
-from db.labelling import PETS_LABEL_REGEX
+from datasets.uploads import UploadLimits
+from datasets.validation import DATASET_ROOTS_ENV, allowed_roots, counted
+from db.datasets import get_dataset, list_datasets
+from db.engine import DatabaseError, Engine
 from db.models import Dataset
-from db.uploads import UploadLimits
 
 PREVIEW_KEY = "datasets.preview"
 PREVIEW_COUNT = 24
@@ -64,7 +60,7 @@ def _register(
     except DatasetError as exc:
         st.error(str(exc), icon=":material/error:")
         return
-    except SQLAlchemyError as exc:
+    except DatabaseError as exc:
         reason = first_line(exc)
         st.error(f"The database refused the dataset: {reason}", icon=":material/error:")
         return
@@ -174,7 +170,7 @@ def _thumbnail(path: str):
     8×8)."""
     from PIL import Image
 
-    from db.images import open_image
+    from datasets.images import open_image
 
     image = open_image(path)
     scale = THUMBNAIL_PX / max(image.size)

@@ -14,7 +14,6 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
-from sqlalchemy import Engine
 
 from dashboard import actions, charts, xla
 from dashboard.downloads import link_for
@@ -23,6 +22,7 @@ from dashboard.live import LiveJob
 from dashboard.results_view import render_results
 from dashboard.state import get_engine
 from db.artifacts import list_artifacts
+from db.engine import Engine
 from db.jobs_table import job_rows, progress_fraction
 from db.models import FINISHED_STATUSES, Job
 from db.queue import JobNotFound, get_job

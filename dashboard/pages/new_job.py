@@ -7,17 +7,16 @@ from pathlib import Path
 from typing import Any
 
 import streamlit as st
-from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
 
+from common.errors import first_line
 from dashboard import spec_form
 from dashboard.actions import CLONE_REQUEST_KEY, show_flashes
 from dashboard.nav import JOB_PAGE
 from dashboard.state import get_engine
+from datasets.labelling import is_image_name
 from db import queue
 from db.datasets import get_dataset, training_images_of
-from db.engine import first_line
-from db.imagesets import is_image_name
+from db.engine import DatabaseError, Engine
 from db.spec import SpecError
 
 PROBLEMS_KEY = "new_job.problems"
@@ -104,7 +103,7 @@ def submit(engine: Engine) -> None:
         st.session_state[PROBLEMS_KEY] = {"values": data, "problems": exc.problems}
         st.session_state.pop(QUEUED_KEY, None)
         return
-    except SQLAlchemyError as exc:
+    except DatabaseError as exc:
         reason = first_line(exc)
         st.session_state[PROBLEMS_KEY] = {
             "values": data,

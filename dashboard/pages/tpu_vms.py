@@ -16,8 +16,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import streamlit as st
-from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
 
 from cloud.bootstrap import (
     DEFAULT_DATA_DIR,
@@ -46,8 +44,10 @@ from cloud.tpu import (
     request_from_node,
     suggested_runtime_version,
 )
+from common import config
 from dashboard.state import get_engine
-from db import config, queue
+from db import queue
+from db.engine import DatabaseError, Engine
 from db.workers import list_workers
 
 NODES_REFRESH_S = 15
@@ -140,7 +140,7 @@ def _requeue_jobs_of_deleted_node(engine: Engine, node: NodeInfo) -> None:
     reason = deleted_node_reason(node.name)
     try:
         outcomes = queue.requeue_jobs_of_worker(engine, node.worker_id, reason)
-    except SQLAlchemyError as exc:
+    except DatabaseError as exc:
         st.error(f"The jobs of worker {node.worker_id} could not be requeued: {exc}")
         return
     if outcomes:
@@ -344,7 +344,7 @@ def nodes_section(vms: TpuVms, engine: Engine) -> None:
         try:
             _remember_recoveries(recover_jobs_of_lost_nodes(engine, nodes))
             workers = {worker.id: worker for worker in list_workers(engine)}
-        except SQLAlchemyError as exc:
+        except DatabaseError as exc:
             st.error(f"The database could not be read or updated: {exc}")
             workers = {}
         recoveries = st.session_state.get(RECOVERIES_KEY, [])

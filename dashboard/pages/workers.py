@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from common.config import DEFAULT_HEARTBEAT_TIMEOUT_S, heartbeat_timeout_s
 from dashboard.format import duration, since
 from dashboard.state import get_engine
-from db.config import DEFAULT_HEARTBEAT_TIMEOUT_S, heartbeat_timeout_s
 from db.models import Worker
 from db.workers import is_stale, list_workers
 

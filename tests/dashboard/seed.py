@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from common.files import job_dir
 from db import queue
 from db.artifacts import record_artifact
-from db.files import job_dir
 from db.queue import ClaimedJob
 from db.telemetry import MetricPoint, add_events, add_xla_report, write_metrics
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from common.files import job_dir, sha256_file
 from db import queue
 from db.artifacts import record_artifact
-from db.files import job_dir, sha256_file
 from db.telemetry import write_metrics
 from tests.browser import CHROMIUM, ROOT, chromium, new_page, running_dashboard
 from tests.dashboard import seed

@@ -265,7 +265,7 @@ def test_job_page_offers_a_finished_jobs_model_with_its_sha256(engine):
     done_id, export = seed.finished_job(engine)
     at = show_tab(open_page("pages/job.py", job=done_id), "Artifacts")
 
-    from db.files import sha256_file
+    from common.files import sha256_file
 
     digest = sha256_file(export)
     assert f"SHA-256 `{digest}`" in texts(at)

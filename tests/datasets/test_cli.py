@@ -13,7 +13,6 @@ import pytest
 from sqlalchemy import Engine
 
 from db import queue
-from db.cli import EXIT_USER_ERROR, main
 from db.datasets import get_dataset
 from tests.datasets.imagegen import (
     make_csv_dataset,
@@ -21,6 +20,7 @@ from tests.datasets.imagegen import (
     make_pets_dataset,
     zip_folder,
 )
+from traindeck.cli import EXIT_USER_ERROR, main
 
 REPO = Path(__file__).resolve().parents[2]
 

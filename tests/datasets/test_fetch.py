@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
+from datasets.folders import url_data_dir
+from datasets.register import register_url
 from db.datasets import get_dataset
-from db.imagesets import register_url, url_data_dir
 from tests.datasets.archive_server import ArchiveServer, closed_port, make_tgz
 from tests.datasets.imagegen import files_under, make_split_dataset, write_corrupt_png
 from worker.fetch import FetchError, fetch_url_dataset, load_dataset_items, resolve_url

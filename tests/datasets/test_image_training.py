@@ -1,4 +1,4 @@
-"""Training and predicting read images as `db.images.open_image` does: a set told apart only
+"""Training and predicting read images as `datasets.images.open_image` does: a set told apart only
 by 16-bit values trains (PIL's convert("RGB") clipped both classes to white), and a phone
 photo is predicted and shown upright. The worker's own DataLoaders and export, with a model of
 one linear layer over the top and bottom halves' means, so it takes seconds."""
@@ -19,7 +19,7 @@ from fastai.torch_core import set_seed
 from PIL import Image
 from torch import nn
 
-from db.labelling import detect_label_rule, scan_items
+from datasets.labelling import detect_label_rule, scan_items
 from db.spec import JobSpec
 from inference.model import LoadedModel, load_model
 from tests.datasets.imagegen import write_array, write_sideways_jpeg

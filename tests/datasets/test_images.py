@@ -1,4 +1,4 @@
-"""`db.images.open_image`, how every part of traindeck reads an image: more than 8 bits
+"""`datasets.images.open_image`, how every part of traindeck reads an image: more than 8 bits
 per channel scaled, not clipped; turned upright by EXIF; 8-bit RGB untouched. And the modes
 registration reports."""
 
@@ -12,9 +12,8 @@ import pytest
 from PIL import Image
 from sqlalchemy import Engine
 
-from db.cli import main
-from db.dataset_validation import image_problem
-from db.images import SOURCE_MODE, open_image
+from datasets.images import SOURCE_MODE, open_image
+from datasets.validation import image_problem
 from tests.datasets.imagegen import (
     grey_ramp,
     make_folder_dataset,
@@ -23,6 +22,7 @@ from tests.datasets.imagegen import (
     write_image,
     write_sideways_jpeg,
 )
+from traindeck.cli import main
 
 
 def grey(image: Image.Image) -> np.ndarray:

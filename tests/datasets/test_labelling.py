@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from db.labelling import (
+from datasets.labelling import (
     PETS_LABEL_REGEX,
     DatasetError,
     dataset_root,

@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import Engine
 from streamlit.testing.v1 import AppTest
 
+from datasets.register import register_folder, register_url
 from db.datasets import get_dataset
-from db.imagesets import register_folder, register_url
 from tests.datasets.imagegen import (
     make_folder_dataset,
     make_split_dataset,

@@ -8,23 +8,19 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from db import queue
-from db.datasets import get_dataset, list_datasets
-from db.imagesets import (
-    DatasetError,
-    dataset_items,
-    local_root,
-    preview_items,
+from datasets.folders import local_root, uploads_dir, url_data_dir
+from datasets.items import dataset_items, preview_items
+from datasets.labelling import PETS_LABEL_REGEX, DatasetError
+from datasets.register import (
     record_fetched,
     register_csv,
     register_folder,
     register_url,
     register_zip,
     unregister_dataset,
-    uploads_dir,
-    url_data_dir,
 )
-from db.labelling import PETS_LABEL_REGEX
+from db import queue
+from db.datasets import get_dataset, list_datasets
 from tests.datasets.imagegen import (
     files_under,
     make_csv_dataset,

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
+from datasets.labelling import PETS_LABEL_REGEX
+from datasets.register import register_folder, register_url, register_zip
 from db import queue
 from db.datasets import get_dataset
 from db.engine import create_db_engine, dispose_engines
-from db.imagesets import register_folder, register_url, register_zip
-from db.labelling import PETS_LABEL_REGEX
 from db.migrate import upgrade
 from tests.datasets.archive_server import ArchiveServer, closed_port, make_tgz
 from tests.datasets.imagegen import (

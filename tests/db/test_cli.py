@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from common.entry import EXIT_BROKEN_PIPE
 from db import queue
 from db.artifacts import record_artifact
-from db.cli import main
 from db.datasets import save_dataset
-from db.entry import EXIT_BROKEN_PIPE
 from db.telemetry import MetricPoint, write_metrics
+from traindeck.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 SHOW_KEYS = {

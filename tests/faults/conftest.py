@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from db.imagesets import register_folder
+from datasets.register import register_folder
 from tests.worker.conftest import digits_subset
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from common.files import job_dir
 from dashboard import auth
 from db import queue
 from db.artifacts import record_artifact
-from db.files import job_dir
 from tests.browser import CHROMIUM, ROOT, chromium, new_page, running_dashboard
 
 PASSWORD = "a long enough browser password"

@@ -4,7 +4,7 @@ wrong types, huge strings, SQL metacharacters in names, unicode names and class 
 Each bad value is refused with one line (CLI) or a message on the page (dashboard) that names
 the field, and nothing is stored: no job row, no dataset row, no unpacked files. Names full of
 quotes, semicolons and non-Latin letters are not bad: they are stored and read back verbatim.
-The CLI runs in-process (`db.cli.main`, the function `python -m db` calls) on SQLite and
+The CLI runs in-process (`traindeck.cli.main`, the function `python -m db` calls) on SQLite and
 Postgres; a few cases also go through a real `python -m db` process to show the exit code and
 that no traceback reaches the terminal.
 """
@@ -20,14 +20,15 @@ import pytest
 from sqlalchemy import Engine, func, select
 from streamlit.testing.v1 import AppTest
 
-from db import cli, queue
+from common.entry import EXIT_DATA_FOLDER
+from datasets.register import register_folder
+from db import queue
 from db.datasets import get_dataset, list_datasets
 from db.engine import dispose_engines, read_tx
-from db.entry import EXIT_DATA_FOLDER
-from db.imagesets import register_folder
 from db.models import Dataset, Job
 from db.spec import MAX_NAME_LENGTH
 from tests.datasets.imagegen import colour_for, make_folder_dataset, write_image
+from traindeck import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "dashboard" / "app.py")

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.files import job_dir
 from db import jobs_table, queue, series, telemetry
 from db.artifacts import get_artifact
-from db.files import job_dir
 from db.telemetry import count_metric_duplicates, metric_series
 from tests.worker.conftest import (
     child_pids,

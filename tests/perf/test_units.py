@@ -11,7 +11,7 @@ import torch
 from fastai.callback.core import Callback
 from fastai.torch_core import set_seed, to_device
 
-from db.labelling import scan_items
+from datasets.labelling import scan_items
 from db.spec import JobSpec
 from tests.worker.conftest import digits_subset
 from worker import spmd, xla_report

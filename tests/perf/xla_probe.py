@@ -68,8 +68,8 @@ def train() -> dict:
     from fastai.metrics import accuracy
     from fastai.torch_core import set_seed
 
-    from db.imagesets import ensure_digits
-    from db.labelling import scan_items
+    from datasets.builtin import ensure_digits
+    from datasets.labelling import scan_items
     from db.spec import JobSpec
     from worker import spmd
     from worker.callbacks import XlaStepCallback

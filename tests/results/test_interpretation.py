@@ -18,8 +18,8 @@ import torchvision
 from PIL import Image
 from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
 
+from common.files import sha256_file
 from db.artifacts import get_artifact
-from db.files import sha256_file
 from db.results import get_results
 from db.telemetry import final_metrics
 from tests.results.conftest import DIGITS_SPEC, REPO

@@ -6,10 +6,10 @@ import hashlib
 
 import pytest
 
+from common.files import job_dir
 from db import queue
 from db.artifacts import record_artifact
 from db.exports import ArtifactTampered, ArtifactUnavailable, read_verified, recorded_artifact
-from db.files import job_dir
 from db.results import get_results, save_results
 
 CLASSES = ["cat", "dog", "fox"]

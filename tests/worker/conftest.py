@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from db.imagesets import ensure_digits, register_folder
+from datasets.builtin import ensure_digits
+from datasets.register import register_folder
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from common.errors import error_summary, first_line
 from db import queue, telemetry
-from db.engine import error_summary, first_line
 from db.telemetry import MetricPoint, metric_series
 from worker.reporter import TelemetryWriter
 

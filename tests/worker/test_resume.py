@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from common.files import job_dir
 from db import queue, telemetry
-from db.files import job_dir
 from db.telemetry import count_metric_duplicates, metric_series
 from tests.worker.conftest import child_pids, run_worker, start_worker, wait_for
 

@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
+from common.files import job_dir
 from db import queue, telemetry
-from db.files import job_dir
 from tests.worker.conftest import run_worker, start_worker, wait_for
 
 pytestmark = pytest.mark.slow

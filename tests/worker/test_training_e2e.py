@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from datasets.builtin import ensure_digits
 from db import queue, telemetry
 from db.artifacts import list_artifacts
-from db.imagesets import ensure_digits
 from db.telemetry import count_metric_duplicates, metric_series
 from tests.worker.conftest import REPO, run_worker, worker_env
 

@@ -1,7 +1,8 @@
 """Queue benchmark: claim throughput and submit→claim latency, SQLite and Postgres, 1 and 4
 claimers (separate processes, as workers are). Prints figures; never fails on timing.
 
-    .venv/bin/python bench/queue.py [--jobs 1000] [--latency-jobs 200] [--backends sqlite,postgres]
+    .venv/bin/python bench/queue_claims.py [--jobs 1000] [--latency-jobs 200]
+        [--backends sqlite,postgres]
 
 Throughput: N queued jobs, K claimers start together and claim until the queue is empty.
 Latency: K idle claimers wait the way `python -m worker` does (Postgres: LISTEN/NOTIFY; SQLite:
@@ -22,25 +23,19 @@ import time
 import uuid
 from pathlib import Path
 
-import _setup
 from sqlalchemy import create_engine, text
 
-REPO = _setup.REPO
-
+from common.entry import run_main
 from db import queue
 from db.engine import create_db_engine
-from db.entry import run_main
 from db.migrate import upgrade
 from db.spec import JobSpec
 
-POSTGRES_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-
-CLAIMER = """
-import json, sys, time
-from pathlib import Path
 sys.path.insert(0, sys.argv[6])
-from db.engine import create_db_engine
-from db.queue import JobSignal, claim
+
+REPO = Path(__file__).resolve().parent.parent
+POSTGRES_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+CLAIMER = """
 
 url, worker_id, go_file, out_file, stop_file = sys.argv[1:6]
 poll = float(sys.argv[7])

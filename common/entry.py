@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from db.config import DataFolderError
+from common.config import DataFolderError
 
 # What Python's documentation suggests for a closed stdout (the note on SIGPIPE in `signal`).
 EXIT_BROKEN_PIPE = 1

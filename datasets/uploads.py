@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from db.labelling import DatasetError, is_hidden, is_image_name
+from datasets.labelling import DatasetError, is_hidden, is_image_name
 
 MAX_FILES_ENV = "TRAINDECK_UPLOAD_MAX_FILES"
 MAX_MB_ENV = "TRAINDECK_UPLOAD_MAX_MB"

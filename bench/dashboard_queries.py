@@ -7,7 +7,7 @@
    growing no faster than the number of points.
 2. The jobs page's query (`db.jobs_table.job_rows`) with 1,000 jobs of 300 metric points each.
 
-    .venv/bin/python bench/dashboard.py [--quick] [--postgres ADMIN_URL]
+    .venv/bin/python bench/dashboard_queries.py [--quick] [--postgres ADMIN_URL]
         --quick: 10^4 and 10^5 points only
         --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test: the same in a temporary
         Postgres database as well
@@ -22,23 +22,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-# The repository on sys.path instead of bench/, whose queue.py would shadow the standard
-# library's `queue` module (psycopg imports it).
-sys.path[:] = [str(BENCH.parent)] + [p for p in sys.path if Path(p or ".").resolve() != BENCH]
-
 import numpy as np
 from sqlalchemy import create_engine, insert, text
 from tsdownsample import MinMaxLTTBDownsampler
 
+from common.entry import run_main
 from dashboard.charts import batch_loss_figure
 from db.engine import create_db_engine, write_tx
-from db.entry import run_main
 from db.jobs_table import job_rows
 from db.migrate import upgrade
 from db.models import Job, Metric, utcnow
 from db.series import read_series, rows_since, snapshot
 from db.telemetry import metric_series
+
+BENCH = Path(__file__).resolve().parent
 
 TARGET_MS = 300.0
 INSERT_CHUNK = 50_000

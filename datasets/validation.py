@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from db import config
-from db.labelling import DatasetError, LabelledItems, relative_name, scan_items
+from common import config
+from datasets.labelling import DatasetError, LabelledItems, relative_name, scan_items
+from db.spec import normalize_dataset_name
 
 DATASET_ROOTS_ENV = "TRAINDECK_DATASET_ROOTS"
 MAX_NAME_LENGTH = 100
@@ -77,12 +78,6 @@ def resolve_inside_roots(path: Path | str, what: str = "folder") -> Path:
     return resolved
 
 
-def normalize_dataset_name(name: str | None) -> str:
-    """The stored form of a dataset name: stripped and NFC, so that 'é' typed as one
-    character or as 'e' plus an accent names the same dataset and the same folder."""
-    return unicodedata.normalize("NFC", (name or "").strip())
-
-
 def _name_character_allowed(char: str, first: bool) -> bool:
     category = unicodedata.category(char)
     if category[0] == "L" or category == "Nd":
@@ -112,10 +107,10 @@ def validate_dataset_name(name: str) -> str:
 
 def check_image(path: Path) -> tuple[str | None, str | None]:
     """(its mode, None) when the image at `path` reads as training reads it ('RGB',
-    'L 16-bit', …: `db.images.mode_label`), else (None, why it cannot be decoded)."""
+    'L 16-bit', …: `datasets.images.mode_label`), else (None, why it cannot be decoded)."""
     from PIL import Image
 
-    from db.images import SOURCE_MODE, open_image
+    from datasets.images import SOURCE_MODE, open_image
 
     try:
         with warnings.catch_warnings():

@@ -1,4 +1,5 @@
-"""`python -m db`: migrate, submit and inspect jobs, manage datasets.
+"""`traindeck` (or `python -m db`): migrate, submit and inspect jobs, manage datasets, start
+the dashboard and a worker.
 
 Every command takes `--json` for scripts. A mistake by the person typing (a bad flag, a
 spec out of bounds, an unknown job) exits non-zero with one line naming the problem.
@@ -13,23 +14,29 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine
-from sqlalchemy.exc import OperationalError, ProgrammingError
-
-from db import config, queue
-from db.cliargs import EXIT_USER_ERROR, Parser, job_id, positive_int
-from db.dataset_validation import normalize_dataset_name
-from db.datasets import list_datasets
-from db.engine import DatabaseUrlError, database_problem, get_engine
-from db.imagesets import (
-    DatasetError,
+from common import config
+from common.cliargs import EXIT_USER_ERROR, Parser, job_id, positive_int
+from common.entry import run_main
+from datasets.builtin import register_builtin_datasets
+from datasets.labelling import DatasetError
+from datasets.register import (
     Registration,
-    register_builtin_datasets,
     register_csv,
     register_folder,
     register_url,
     register_zip,
     unregister_dataset,
+)
+from datasets.validation import normalize_dataset_name
+from db import queue
+from db.datasets import list_datasets
+from db.engine import (
+    DatabaseUrlError,
+    Engine,
+    OperationalError,
+    ProgrammingError,
+    database_problem,
+    get_engine,
 )
 from db.jobview import describe_job, describe_jobs
 from db.migrate import upgrade
@@ -37,6 +44,10 @@ from db.models import JOB_STATUSES
 from db.spec import JobSpec, SpecError, spec_from_json
 
 EXIT_DATABASE_ERROR = 3
+DESCRIPTION = (
+    "Migrate the database, submit and inspect training jobs, manage datasets, start the "
+    "dashboard and a worker."
+)
 
 
 class UserError(Exception):
@@ -295,8 +306,8 @@ def cmd_dataset_remove(engine: Engine, args: argparse.Namespace) -> None:
 # --- parser ---------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="python -m db", description=__doc__.splitlines()[0])
+def build_parser(prog: str = "traindeck") -> argparse.ArgumentParser:
+    parser = Parser(prog=prog, description=DESCRIPTION)
     commands = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=Parser
     )
@@ -307,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
+    for name, help_text in (
+        ("run", "migrate, write the built-in dataset, start the dashboard and a worker"),
+        ("worker", "run a worker: claim queued jobs and train them (see `traindeck worker --help`)"),
+    ):
+        # Parsed by their own commands (traindeck.run, worker.cli), which own their flags.
+        commands.add_parser(name, help=help_text, add_help=False)
     command("upgrade", cmd_upgrade, "create or migrate the database schema")
     submit = command("submit", cmd_submit, "queue a training job")
     submit.add_argument("--spec", metavar="FILE.json", help="a JSON file with spec fields")
@@ -375,8 +392,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _delegated(argv: list[str]) -> int | None:
+    """`traindeck run …` and `traindeck worker …`: handed whole to their own command, imported
+    only then (the worker's imports torch)."""
+    if argv[:1] == ["run"]:
+        from traindeck.run import main as run
+
+        return run(argv[1:])
+    if argv[:1] == ["worker"]:
+        from worker.cli import main as worker
+
+        return worker(argv[1:], prog="traindeck worker")
+    return None
+
+
+def main(argv: list[str] | None = None, prog: str = "traindeck") -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    delegated = _delegated(argv) if prog == "traindeck" else None
+    if delegated is not None:
+        return delegated
+    args = build_parser(prog).parse_args(argv)
     try:
         engine = get_engine()
         args.handler(engine, args)
@@ -392,3 +427,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run_main_command() -> None:
+    """The `traindeck` console script."""
+    run_main(main)

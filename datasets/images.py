@@ -1,6 +1,6 @@
 """How traindeck reads an image: turned upright by its EXIF orientation, scaled to 8 bits,
 in RGB. Training (`worker.data`), predictions (`inference.model`), the dataset check
-(`db.dataset_validation`) and every preview and thumbnail call `open_image`, so the model is
+(`datasets.validation`) and every preview and thumbnail call `open_image`, so the model is
 given what the page shows. PIL and numpy only: the dashboard and the CLI use it too.
 """
 

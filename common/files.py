@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from db import config
+from common import config
 
 CHUNK_BYTES = 1 << 20
 

@@ -1,31 +1,31 @@
-"""Image datasets on disk: the built-in digits set, registering a user's dataset (a folder,
-a CSV, an uploaded zip, a URL), and the labelled items the worker trains on.
+"""Registering a user's dataset (a folder, a CSV, an uploaded zip, a URL) and removing one.
 
-Pure file work with PIL and scikit-learn; no torch, so the dashboard and the CLI can use it.
-The labelling rules are described in `db.labelling`, the checks in `db.dataset_validation`,
-the safe zip extraction in `db.uploads`.
-
-Where files go under the data folder (`TRAINDECK_DATA/datasets/`): `digits/`, `uploads/<name>/`
-for zips, and `url/<name>/` for archives the worker fetches (`url/<name>/data/<archive>/`).
+Pure file work with PIL; no torch, so the dashboard and the CLI can use it. The labelling
+rules are in `datasets.labelling`, the checks in `datasets.validation`, the safe zip
+extraction in `datasets.uploads`.
 """
 
 from __future__ import annotations
 
-import random
 import re
 import shutil
-import tempfile
 import time
 import uuid
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlparse
 
-from sqlalchemy import Engine
-
-from db.dataset_validation import (
+from datasets.folders import uploads_dir, url_fetch_dir
+from datasets.items import concrete_rule
+from datasets.labelling import (
+    DatasetError,
+    compile_label_regex,
+    dataset_root,
+    detect_label_rule,
+)
+from datasets.uploads import UploadLimits, extract_zip
+from datasets.validation import (
     DatasetReport,
     ProgressCallback,
     inspect_dataset,
@@ -41,117 +41,13 @@ from db.datasets import (
     save_dataset,
     update_dataset_contents,
 )
-from db.files import datasets_dir
-from db.labelling import (
-    IMAGE_SUFFIXES,
-    DatasetError,
-    LabelledItems,
-    compile_label_regex,
-    dataset_root,
-    detect_label_rule,
-    is_image_name,
-    scan_items,
-)
+from db.engine import Engine
 from db.models import Dataset
-from db.uploads import UploadLimits, extract_zip
 
-__all__ = [
-    "IMAGE_SUFFIXES",
-    "DatasetError",
-    "LabelledItems",
-    "Registration",
-    "dataset_items",
-    "is_image_name",
-    "preview_items",
-    "record_fetched",
-    "register_csv",
-    "register_folder",
-    "register_url",
-    "register_zip",
-    "unregister_dataset",
-]
-
-DIGITS_IMAGE_COUNT = 1797
 ARCHIVE_SUFFIXES = (".tgz", ".tar.gz", ".tar", ".zip", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 FASTAI_URL_NAME = re.compile(r"^(?:URLs\.)?([A-Z][A-Z0-9_]*)$")
 STAGING_PREFIX = ".staging-"
 STALE_STAGING_S = 24 * 3600
-
-
-def digits_dir(root: Path | None = None) -> Path:
-    return (root or datasets_dir()) / "digits"
-
-
-def uploads_dir() -> Path:
-    return datasets_dir() / "uploads"
-
-
-def url_fetch_dir(name: str) -> Path:
-    """Where the worker keeps the archive and the extracted files of `url` dataset `name`."""
-    return datasets_dir() / "url" / name
-
-
-def url_data_dir(name: str) -> Path:
-    return url_fetch_dir(name) / "data"
-
-
-def ensure_digits(root: Path | None = None) -> Path:
-    """Write scikit-learn's handwritten digits as PNGs, one folder per class, once.
-
-    The files are written into a temporary folder beside the target and renamed into place,
-    so a crash half-way never leaves a partial dataset that looks complete.
-    """
-    target = digits_dir(root)
-    if target.is_dir() and sum(1 for _ in target.glob("*/*.png")) == DIGITS_IMAGE_COUNT:
-        return target
-    from PIL import Image
-    from sklearn.datasets import load_digits
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    digits = load_digits()
-    staging = Path(tempfile.mkdtemp(prefix=".digits-", dir=target.parent))
-    try:
-        for index, (pixels, label) in enumerate(zip(digits.images, digits.target, strict=True)):
-            class_dir = staging / str(int(label))
-            class_dir.mkdir(exist_ok=True)
-            grey = (pixels * (255.0 / 16.0)).round().astype("uint8")
-            Image.fromarray(grey, mode="L").save(class_dir / f"{index:04d}.png")
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
-
-
-def count_folder_classes(root: Path) -> dict[str, int]:
-    """Image count per class of a folder-per-class layout (`root/<class>/<image>`)."""
-    counts: Counter[str] = Counter()
-    for path in root.glob("*/*"):
-        if path.is_file() and is_image_name(path):
-            counts[path.parent.name] += 1
-    return dict(sorted(counts.items()))
-
-
-def register_builtin_datasets(engine: Engine, root: Path | None = None) -> Path:
-    """Materialise the digits set and record it in the registry."""
-    location = ensure_digits(root)
-    counts = count_folder_classes(location)
-    save_dataset(
-        engine,
-        name="digits",
-        kind="builtin",
-        location=str(location),
-        label_rule={"type": "folder"},
-        classes=sorted(counts, key=int),
-        class_counts=counts,
-        replace=True,
-    )
-    return location
-
-
-# --- registering a dataset ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -385,68 +281,13 @@ def unregister_dataset(engine: Engine, name: str, *, force: bool = False) -> lis
     return deleted
 
 
-# --- reading a registered dataset -----------------------------------------------------------
-
-
-def local_root(dataset: Dataset) -> Path:
-    """The folder of `dataset` on this machine (for a `url` one, where the worker put it)."""
-    if dataset.kind != "url":
-        return Path(dataset.location)
-    data = url_data_dir(dataset.name)
-    if not data.is_dir():
-        raise DatasetError(
-            f"dataset {dataset.name!r} ({dataset.location}) has not been fetched on this machine "
-            "yet; the worker downloads it (worker.fetch.fetch_url_dataset) before its first job"
-        )
-    return dataset_root(data)
-
-
-def _concrete_rule(dataset: Dataset, root: Path) -> dict[str, Any]:
-    rule = dict(dataset.label_rule or {"type": "folder"})
-    if rule.get("type") == "auto":
-        return detect_label_rule(root, rule.get("label_regex"))
-    return rule
-
-
-def dataset_items(dataset: Dataset, location: Path | None = None) -> LabelledItems:
-    """The labelled images of a registered dataset, read from its folder on this machine
-    (`location` overrides it: the folder `fetch_url_dataset` returned for a `url` dataset).
-
-    Files recorded as undecodable at registration are left out and listed in `skipped`.
-    """
-    root = Path(location) if location is not None else local_root(dataset)
-    if not root.is_dir():
-        raise DatasetError(f"dataset {dataset.name!r}: folder {root} does not exist here")
-    try:
-        items = scan_items(root, _concrete_rule(dataset, root))
-    except DatasetError as exc:
-        raise DatasetError(f"dataset {dataset.name!r}: {exc}") from None
-    bad = set(dataset.bad_files or [])
-    if bad:
-        kept: list[tuple[Path, str]] = []
-        flags: list[bool] = []
-        skipped = list(items.skipped)
-        for index, (path, label) in enumerate(items.items):
-            relative = path.relative_to(root).as_posix()
-            if relative in bad:
-                skipped.append(f"{relative} (cannot be decoded)")
-                continue
-            kept.append((path, label))
-            if items.is_valid is not None:
-                flags.append(items.is_valid[index])
-        items = LabelledItems(kept, flags if items.is_valid is not None else None, skipped)
-    if len(items.classes) < 2:
-        raise DatasetError(f"dataset {dataset.name!r} has fewer than 2 classes at {root}")
-    return items
-
-
 def record_fetched(
     engine: Engine, dataset: Dataset, root: Path, progress: ProgressCallback | None = None
 ) -> DatasetReport:
     """Check a fetched `url` dataset like a registered folder and store its classes, counts
     and undecodable files. Raises DatasetError when it cannot train."""
     rule = dict(dataset.label_rule or {"type": "auto"})
-    report = inspect_dataset(root, _concrete_rule(dataset, root), progress=progress)
+    report = inspect_dataset(root, concrete_rule(dataset, root), progress=progress)
     report.raise_problems(dataset.name)
     rule["detected"] = report.label_rule
     update_dataset_contents(
@@ -458,31 +299,3 @@ def record_fetched(
         bad_files=sorted(report.bad_files),
     )
     return report
-
-
-def preview_items(
-    dataset: Dataset, count: int = 24, seed: int = 0, location: Path | None = None
-) -> list[tuple[Path, str]]:
-    """Up to `count` sample images, taken from every class in turn so each class shows."""
-    by_class: dict[str, list[Path]] = {}
-    for path, label in dataset_items(dataset, location).items:
-        by_class.setdefault(label, []).append(path)
-    rng = random.Random(seed)
-    queues = {label: rng.sample(paths, len(paths)) for label, paths in sorted(by_class.items())}
-    chosen: list[tuple[Path, str]] = []
-    while len(chosen) < count and any(queues.values()):
-        for label, paths in queues.items():
-            if paths and len(chosen) < count:
-                chosen.append((paths.pop(), label))
-    return chosen
-
-
-def split_counts(items: LabelledItems) -> dict[str, dict[str, int]] | None:
-    """Images per class in the training and the validation part of a fixed split."""
-    if items.is_valid is None:
-        return None
-    counts: dict[str, dict[str, int]] = {"train": {}, "valid": {}}
-    for (_, label), flag in zip(items.items, items.is_valid, strict=True):
-        part = counts["valid" if flag else "train"]
-        part[label] = part.get(label, 0) + 1
-    return counts

@@ -1,0 +1,69 @@
+"""`python -m dashboard [--port N] [--address HOST]`: serve the dashboard from any folder.
+
+Streamlit reads `.streamlit/config.toml` only from the current folder, so the dashboard's own
+settings (`dashboard/streamlit.toml`) are passed as flags instead; a `STREAMLIT_*` environment
+variable set for one of them wins, as it would over a config file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SETTINGS_FILE = HERE / "streamlit.toml"
+
+
+def environment_name(section: str, key: str) -> str:
+    """Streamlit's variable for `section.key`, e.g. STREAMLIT_SERVER_MAX_UPLOAD_SIZE."""
+    return "STREAMLIT_" + "_".join(
+        re.sub(r"(?<!^)(?=[A-Z])", "_", part).upper() for part in (section, key)
+    )
+
+
+def _flag_value(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def settings_flags(
+    settings_file: Path = SETTINGS_FILE, environ: Mapping[str, str] = os.environ
+) -> list[str]:
+    flags = []
+    for section, options in tomllib.loads(settings_file.read_text()).items():
+        for key, value in options.items():
+            if environment_name(section, key) not in environ:
+                flags.append(f"--{section}.{key}={_flag_value(value)}")
+    return flags
+
+
+def streamlit_argv(argv: list[str] | None = None) -> list[str]:
+    parser = argparse.ArgumentParser(
+        prog="python -m dashboard", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--port", default=os.environ.get("TRAINDECK_PORT", "8501"))
+    parser.add_argument("--address", default=os.environ.get("TRAINDECK_ADDRESS", "127.0.0.1"))
+    args = parser.parse_args(argv)
+    return [
+        "streamlit",
+        "run",
+        str(HERE / "app.py"),
+        *settings_flags(),
+        f"--server.port={args.port}",
+        f"--server.address={args.address}",
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    from streamlit.web import cli
+
+    sys.argv = streamlit_argv(argv)
+    cli.main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+"""Dataset files: labelling rules, folder/CSV/zip/URL registration, checks, images.
+
+No SQL here: the `datasets` table is `db.datasets`."""
