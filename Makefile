@@ -8,37 +8,43 @@ BIN := $(VENV)/bin
 PIP_INSTALL = $(BIN)/python -m pip install --quiet --disable-pip-version-check
 QUIET_PIP = { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: run test lint format bench venv clean-data
+.PHONY: run test check lint format bench venv clean-data
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "traindeck needs Python 3.11, found " + sys.version.split()[0]'
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed-run: requirements.txt | $(BIN)/python
+$(VENV)/.installed-run: requirements.txt pyproject.toml | $(BIN)/python
 	$(PIP_INSTALL) -r requirements.txt 2>&1 | $(QUIET_PIP)
+	$(PIP_INSTALL) --no-deps -e . 2>&1 | $(QUIET_PIP)
 	touch $@
 
-$(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(BIN)/python
+$(VENV)/.installed-dev: requirements.txt requirements-dev.txt pyproject.toml | $(BIN)/python
 	$(PIP_INSTALL) -r requirements-dev.txt 2>&1 | $(QUIET_PIP)
+	$(PIP_INSTALL) --no-deps -e . 2>&1 | $(QUIET_PIP)
 	touch $@ $(VENV)/.installed-run
 
 venv: $(VENV)/.installed-run
 
 ## run: install, migrate, write the built-in dataset, start dashboard + worker (Procfile)
 run: $(VENV)/.installed-run
-	$(BIN)/python -m db upgrade
-	$(BIN)/python -m db dataset builtin
+	$(BIN)/traindeck upgrade
+	$(BIN)/traindeck dataset builtin
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho start
 
 ## test: install the dev tools, lint, run every test
-test: $(VENV)/.installed-dev
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+test: lint
 	$(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
 
+## check: lint and every test not marked slow (a few minutes; run it before each commit)
+check: lint
+	$(BIN)/python -m pytest -m "not slow" -q $(PYTEST_ARGS)
+
+## lint: style, formatting and the rules of the house (.importlinter)
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 format: $(VENV)/.installed-dev
 	$(BIN)/ruff format .
