@@ -50,7 +50,7 @@ from db.engine import create_db_engine, read_tx
 from db.migrate import upgrade
 from db.models import Metric
 from db.telemetry import MetricPoint
-from tests.browser import DashboardDidNotStart, start_dashboard, stop_dashboard
+from tests.support.browser import DashboardDidNotStart, start_dashboard, stop_dashboard
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS_PER_EPOCH = 200

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
+from datasets.register import register_folder
 from db.engine import create_db_engine, dispose_engines
 from db.migrate import upgrade
+from tests.support.workers import digits_subset
 
 POSTGRES_ADMIN_URL = os.environ.get(
     "TRAINDECK_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -109,3 +111,14 @@ def sqlite_engine(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[E
     yield engine
     engine.dispose()
     dispose_engines()
+
+
+@pytest.fixture
+def small_digits(sqlite_engine: Engine, data_dir: Path) -> Callable[..., str]:
+    """Register a subset of the digits as a dataset; returns its name."""
+
+    def make(per_class: int = 40, classes: int = 10, name: str = "digits-small") -> str:
+        register_folder(sqlite_engine, name, digits_subset(data_dir, per_class, classes))
+        return name
+
+    return make

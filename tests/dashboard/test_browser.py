@@ -20,8 +20,8 @@ from common.files import job_dir, sha256_file
 from db import queue
 from db.artifacts import record_artifact
 from db.telemetry import write_metrics
-from tests.browser import CHROMIUM, ROOT, chromium, new_page, running_dashboard
-from tests.dashboard import seed
+from tests.support import seed
+from tests.support.browser import CHROMIUM, ROOT, chromium, new_page, running_dashboard
 
 SCREENSHOT = ROOT / "test-output" / "dashboard" / "job_page_live.png"
 

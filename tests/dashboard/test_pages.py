@@ -16,7 +16,7 @@ from db import queue
 from db.engine import dispose_engines, write_tx
 from db.models import Worker, utcnow
 from db.workers import register_worker, worker_heartbeat
-from tests.dashboard import seed
+from tests.support import seed
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from dashboard import charts, downloads, spec_form, xla
 from db.series import Buckets
 from db.spec import JobSpec
-from tests.dashboard.seed import xla_summary
+from tests.support.seed import xla_summary
 
 # --- charts ---------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 
 from db import queue
 from db.datasets import get_dataset
-from tests.datasets.imagegen import (
+from tests.support.images import (
     make_csv_dataset,
     make_folder_dataset,
     make_pets_dataset,

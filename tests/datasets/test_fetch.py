@@ -14,8 +14,8 @@ from sqlalchemy import Engine
 from datasets.folders import url_data_dir
 from datasets.register import register_url
 from db.datasets import get_dataset
-from tests.datasets.archive_server import ArchiveServer, closed_port, make_tgz
-from tests.datasets.imagegen import files_under, make_split_dataset, write_corrupt_png
+from tests.support.archive_server import ArchiveServer, closed_port, make_tgz
+from tests.support.images import files_under, make_split_dataset, write_corrupt_png
 from worker.fetch import FetchError, fetch_url_dataset, load_dataset_items, resolve_url
 
 

@@ -22,7 +22,7 @@ from torch import nn
 from datasets.labelling import detect_label_rule, scan_items
 from db.spec import JobSpec
 from inference.model import LoadedModel, load_model
-from tests.datasets.imagegen import write_array, write_sideways_jpeg
+from tests.support.images import write_array, write_sideways_jpeg
 from worker.data import build_dataloaders
 from worker.results import thumbnail_png
 from worker.training import export_model

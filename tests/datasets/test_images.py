@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 
 from datasets.images import SOURCE_MODE, open_image
 from datasets.validation import image_problem
-from tests.datasets.imagegen import (
+from tests.support.images import (
     grey_ramp,
     make_folder_dataset,
     write_array,

@@ -13,7 +13,7 @@ from datasets.labelling import (
     detect_label_rule,
     scan_items,
 )
-from tests.datasets.imagegen import (
+from tests.support.images import (
     make_csv_dataset,
     make_folder_dataset,
     make_pets_dataset,

@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 from datasets.register import register_folder, register_url
 from db.datasets import get_dataset
-from tests.datasets.imagegen import (
+from tests.support.images import (
     make_folder_dataset,
     make_split_dataset,
     write_corrupt_png,

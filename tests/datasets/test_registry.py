@@ -21,7 +21,7 @@ from datasets.register import (
 )
 from db import queue
 from db.datasets import get_dataset, list_datasets
-from tests.datasets.imagegen import (
+from tests.support.images import (
     files_under,
     make_csv_dataset,
     make_folder_dataset,

@@ -24,8 +24,8 @@ from db import queue
 from db.datasets import get_dataset
 from db.engine import create_db_engine, dispose_engines
 from db.migrate import upgrade
-from tests.datasets.archive_server import ArchiveServer, closed_port, make_tgz
-from tests.datasets.imagegen import (
+from tests.support.archive_server import ArchiveServer, closed_port, make_tgz
+from tests.support.images import (
     make_csv_dataset,
     make_folder_dataset,
     make_pets_dataset,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from datasets.uploads import UploadError, UploadLimits, extract_zip, member_parts
-from tests.datasets.imagegen import files_under, write_image
+from tests.support.images import files_under, write_image
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
 

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import Engine
 
 from datasets.register import register_folder
-from tests.worker.conftest import digits_subset
+from tests.support.workers import digits_subset
 
 
 @pytest.fixture

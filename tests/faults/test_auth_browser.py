@@ -22,7 +22,7 @@ from common.files import job_dir
 from dashboard import auth
 from db import queue
 from db.artifacts import record_artifact
-from tests.browser import CHROMIUM, ROOT, chromium, new_page, running_dashboard
+from tests.support.browser import CHROMIUM, ROOT, chromium, new_page, running_dashboard
 
 PASSWORD = "a long enough browser password"
 SCREENSHOT = ROOT / "test-output" / "faults" / "signin.png"

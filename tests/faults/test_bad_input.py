@@ -27,7 +27,7 @@ from db.datasets import get_dataset, list_datasets
 from db.engine import dispose_engines, read_tx
 from db.models import Dataset, Job
 from db.spec import MAX_NAME_LENGTH
-from tests.datasets.imagegen import colour_for, make_folder_dataset, write_image
+from tests.support.images import colour_for, make_folder_dataset, write_image
 from traindeck import cli
 
 ROOT = Path(__file__).resolve().parents[2]

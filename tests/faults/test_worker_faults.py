@@ -20,7 +20,7 @@ from common.files import job_dir
 from db import jobs_table, queue, series, telemetry
 from db.artifacts import get_artifact
 from db.telemetry import count_metric_duplicates, metric_series
-from tests.worker.conftest import (
+from tests.support.workers import (
     child_pids,
     output_tail,
     run_worker,

@@ -12,7 +12,7 @@ from dashboard import xla
 from db import queue
 from db.engine import dispose_engines
 from db.telemetry import add_xla_report
-from tests.dashboard import seed
+from tests.support import seed
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 

@@ -13,7 +13,7 @@ from fastai.torch_core import set_seed, to_device
 
 from datasets.labelling import scan_items
 from db.spec import JobSpec
-from tests.worker.conftest import digits_subset
+from tests.support.workers import digits_subset
 from worker import spmd, xla_report
 from worker.data import build_dataloaders, loader_workers
 from worker.prefetch import DevicePrefetcher, PrefetchCallback

@@ -11,7 +11,7 @@ import pytest
 
 from db import queue, telemetry
 from db.telemetry import metric_series
-from tests.worker.conftest import REPO, run_worker, worker_env
+from tests.support.workers import REPO, run_worker, worker_env
 
 pytestmark = pytest.mark.xla
 

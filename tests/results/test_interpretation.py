@@ -22,7 +22,7 @@ from common.files import sha256_file
 from db.artifacts import get_artifact
 from db.results import get_results
 from db.telemetry import final_metrics
-from tests.results.conftest import DIGITS_SPEC, REPO
+from tests.support.trained import DIGITS_SPEC, REPO
 
 pytestmark = pytest.mark.slow
 

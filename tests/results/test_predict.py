@@ -14,7 +14,7 @@ from dashboard import results_view
 from db.artifacts import get_artifact
 from db.exports import ArtifactTampered, ArtifactUnavailable
 from db.results import get_results
-from tests.results.conftest import REPO, TrainedJob, flip_byte, job_with_copied_export
+from tests.support.trained import REPO, TrainedJob, flip_byte, job_with_copied_export
 
 pytestmark = pytest.mark.slow
 

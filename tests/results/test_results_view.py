@@ -13,8 +13,8 @@ from db import queue
 from db.artifacts import get_artifact
 from db.engine import dispose_engines
 from db.results import get_results
-from tests.results.conftest import REPO, job_with_copied_export
 from tests.results.test_predict import known_digits
+from tests.support.trained import REPO, job_with_copied_export
 
 pytestmark = pytest.mark.slow
 

@@ -15,11 +15,8 @@ from pathlib import Path
 import pytest
 
 from cloud.tpu import TpuVms, api_endpoint, load_credentials, make_client
-from tests.tpu.fake_tpu_api import FakeTpuApi
-
-PROJECT = "test-project"
-ZONE = "us-central2-b"
-LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+from tests.support.fake_tpu_api import FakeTpuApi
+from tests.support.tpu import LOOPBACK_HOSTS, PROJECT, ZONE
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,8 @@ from cloud.tpu import TpuVms, recover_jobs_of_lost_nodes, worker_id_for_node
 from db import queue
 from db.telemetry import events_since
 from db.workers import register_worker
-from tests.tpu.conftest import PROJECT, ZONE
-from tests.tpu.fake_tpu_api import FakeTpuApi
+from tests.support.fake_tpu_api import FakeTpuApi
+from tests.support.tpu import PROJECT, ZONE
 
 
 def _job_running_on_spot_node(engine, fake_api: FakeTpuApi, node_name: str = "spot-1") -> int:

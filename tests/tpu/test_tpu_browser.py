@@ -16,9 +16,9 @@ import pytest
 
 from db import queue
 from db.telemetry import events_since
-from tests.browser import CHROMIUM, ROOT, chromium, new_page, running_dashboard
-from tests.tpu.conftest import PROJECT, ZONE
-from tests.tpu.fake_tpu_api import FakeTpuApi
+from tests.support.browser import CHROMIUM, ROOT, chromium, new_page, running_dashboard
+from tests.support.fake_tpu_api import FakeTpuApi
+from tests.support.tpu import PROJECT, ZONE
 
 SCREENSHOT = ROOT / "test-output" / "tpu" / "tpu_vms_page.png"
 SCRIPT = "#!/bin/bash\necho start the worker\n"

@@ -21,8 +21,8 @@ from cloud.tpu import (
     load_credentials,
     make_client,
 )
-from tests.tpu.conftest import PROJECT, ZONE
-from tests.tpu.fake_tpu_api import FakeTpuApi
+from tests.support.fake_tpu_api import FakeTpuApi
+from tests.support.tpu import PROJECT, ZONE
 
 SCRIPT = "#!/bin/bash\necho 'start the worker'\n"
 

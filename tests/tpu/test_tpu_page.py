@@ -11,8 +11,8 @@ from cloud.tpu import worker_id_for_node
 from db import queue
 from db.telemetry import events_since
 from db.workers import register_worker, worker_heartbeat
-from tests.tpu.conftest import PROJECT, ZONE
-from tests.tpu.fake_tpu_api import FakeTpuApi
+from tests.support.fake_tpu_api import FakeTpuApi
+from tests.support.tpu import PROJECT, ZONE
 
 PAGE = str(Path(__file__).resolve().parents[2] / "dashboard" / "pages" / "tpu_vms.py")
 WORKER_DATABASE_URL = "postgresql://trainer:secret@10.128.0.9:5432/traindeck"

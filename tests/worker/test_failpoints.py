@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.worker.conftest import REPO, wait_until_stopped_at
+from tests.support.workers import REPO, wait_until_stopped_at
 from worker import failpoints
 
 STOPS_TWICE = """

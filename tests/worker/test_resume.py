@@ -12,7 +12,7 @@ import pytest
 from common.files import job_dir
 from db import queue, telemetry
 from db.telemetry import count_metric_duplicates, metric_series
-from tests.worker.conftest import child_pids, run_worker, start_worker, wait_for
+from tests.support.workers import child_pids, run_worker, start_worker, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import pytest
 
 from common.files import job_dir
 from db import queue, telemetry
-from tests.worker.conftest import run_worker, start_worker, wait_for
+from tests.support.workers import run_worker, start_worker, wait_for
 
 pytestmark = pytest.mark.slow
 

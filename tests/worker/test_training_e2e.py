@@ -14,7 +14,7 @@ from datasets.builtin import ensure_digits
 from db import queue, telemetry
 from db.artifacts import list_artifacts
 from db.telemetry import count_metric_duplicates, metric_series
-from tests.worker.conftest import REPO, run_worker, worker_env
+from tests.support.workers import REPO, run_worker, worker_env
 
 pytestmark = pytest.mark.slow
 

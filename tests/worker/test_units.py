@@ -15,7 +15,7 @@ from fastai.learner import AvgSmoothLoss
 from fastai.test_utils import synth_learner
 
 from db.spec import JobSpec, training_images
-from tests.worker.conftest import REPO, run_worker, worker_env
+from tests.support.workers import REPO, run_worker, worker_env
 from worker import checkpoint, xla_report
 from worker.callbacks import (
     DivergenceCallback,

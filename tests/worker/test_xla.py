@@ -9,7 +9,7 @@ import pytest
 
 from db import queue, telemetry
 from db.artifacts import get_artifact
-from tests.worker.conftest import REPO, run_worker, worker_env
+from tests.support.workers import REPO, run_worker, worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.xla]
 

@@ -1,4 +1,4 @@
-"""Helpers for the worker's tests: small real image sets and running `python -m worker`."""
+"""Running workers as separate processes and watching them, for the fault and end-to-end tests."""
 
 from __future__ import annotations
 
@@ -10,11 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-from sqlalchemy import Engine
-
 from datasets.builtin import ensure_digits
-from datasets.register import register_folder
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,17 +24,6 @@ def digits_subset(data_dir: Path, per_class: int, classes: int = 10) -> Path:
         for image in sorted((source / str(label)).glob("*.png"))[:per_class]:
             shutil.copy(image, target / str(label) / image.name)
     return target
-
-
-@pytest.fixture
-def small_digits(sqlite_engine: Engine, data_dir: Path) -> Callable[..., str]:
-    """Register a subset of the digits as a dataset; returns its name."""
-
-    def make(per_class: int = 40, classes: int = 10, name: str = "digits-small") -> str:
-        register_folder(sqlite_engine, name, digits_subset(data_dir, per_class, classes))
-        return name
-
-    return make
 
 
 def worker_env(**extra: str) -> dict[str, str]:
