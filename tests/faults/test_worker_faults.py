@@ -5,6 +5,7 @@ Every job here trains for real (small digit sets, 16 px) and is checked in the d
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -173,6 +174,7 @@ def test_locked_sqlite_file_mid_job_delays_writes_but_loses_nothing(
     _assert_every_point_once(engine, job_id, 3)
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_three_sqlite_workers_and_a_dashboard_reader_for_60_seconds(
     engine, database_url, digits_dataset
@@ -266,7 +268,10 @@ def test_full_disk_fails_the_job_with_that_reason_and_keeps_the_last_checkpoint(
         assert "the previous checkpoint is intact" in job.error
         assert "Traceback" not in job.error
         state = torch.load(folder / "checkpoint.pth", map_location="cpu", weights_only=False)
-        assert state["epoch"] >= 0 and "model" in state and "optimizer" in state
+        failed_epoch = int(re.search(r"checkpoint of epoch (\d+)", job.error)[1])  # 1-based
+        assert failed_epoch >= 2, job.error
+        assert state["epoch"] == failed_epoch - 2, "the kept checkpoint is the epoch before"
+        assert "model" in state and "optimizer" in state
         assert not list(folder.glob(".*.tmp")), "no half-written file is left"
     finally:
         subprocess.run(["umount", str(folder)], check=False)

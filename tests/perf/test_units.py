@@ -15,7 +15,7 @@ from datasets.labelling import scan_items
 from db.spec import JobSpec
 from tests.support.workers import digits_subset
 from worker import spmd, xla_report
-from worker.data import build_dataloaders, loader_workers
+from worker.data import build_dataloaders, loader_workers, usable_cpus
 from worker.prefetch import DevicePrefetcher, PrefetchCallback
 from worker.training import build_learner
 
@@ -90,7 +90,7 @@ def test_loader_workers_follow_the_cpus_this_process_may_use():
     assert loader_workers(50_000, cpus=8) == 7
     assert loader_workers(50_000, cpus=96) == 16
     assert loader_workers(50_000, cpus=1) == 0
-    assert loader_workers(50_000) >= 0
+    assert loader_workers(50_000) == loader_workers(50_000, cpus=usable_cpus())
 
 
 # --- the prefetcher -------------------------------------------------------------------------
@@ -172,7 +172,6 @@ def test_the_callback_runs_a_learners_training_and_validation_through_the_prefet
         len(dls.train),
         len(dls.valid),
     ] * 2
-    assert prefetch.waited_s >= 0
     assert len(learn.recorder.values) == 2
     assert not _prefetch_threads()
 

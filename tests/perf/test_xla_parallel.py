@@ -13,7 +13,8 @@ from db import queue, telemetry
 from db.telemetry import metric_series
 from tests.support.workers import REPO, run_worker, worker_env
 
-pytestmark = pytest.mark.xla
+# Each test starts a real XLA process (PJRT_DEVICE=CPU, several devices): seconds each.
+pytestmark = [pytest.mark.xla, pytest.mark.slow]
 
 TWO_CPU_DEVICES = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"}
 
@@ -58,7 +59,6 @@ def test_a_second_process_finds_every_graph_of_the_first_in_the_data_folders_cac
     assert second["loss"] == first["loss"]
 
 
-@pytest.mark.slow
 def test_two_devices_train_like_one_to_the_same_accuracy(data_dir):
     """SPMD's partitioned step computes what one device computes (batch norm's statistics
     too, all-reduced over the whole batch), up to the order of floating-point sums."""
@@ -74,7 +74,6 @@ def test_two_devices_train_like_one_to_the_same_accuracy(data_dir):
     assert abs(one["accuracy"] - two["accuracy"]) <= 0.01
 
 
-@pytest.mark.slow
 def test_a_job_trains_over_every_device_with_the_batch_split(sqlite_engine, small_digits):
     dataset = small_digits(per_class=40)  # 320 training images: 10 batches of 32
     job_id = queue.submit(
