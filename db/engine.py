@@ -10,6 +10,7 @@ transactions (`read_tx`) stay deferred so that the dashboard never queues behind
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ __all__ = [
     "Engine",
     "OperationalError",
     "ProgrammingError",
+    "mask_passwords",
     "printable_url",
 ]
 
@@ -47,12 +49,23 @@ class DatabaseUrlError(ValueError):
     """DATABASE_URL names a database traindeck cannot use."""
 
 
+# `scheme://user:` or a bare `user:` then the password, up to the last `@` of the word: a
+# malformed URL is often malformed because its password holds an unescaped `@`, `:` or `/`.
+_PASSWORD_IN_URL = re.compile(r"((?:[A-Za-z][A-Za-z0-9+.-]*://)?[^\s:/@'\"]*:(?!//))\S*@")
+
+
+def mask_passwords(text: str) -> str:
+    """`text` with the password of every URL in it (`scheme://user:password@host…`, even a
+    URL no parser accepts) replaced by `***`."""
+    return _PASSWORD_IN_URL.sub(r"\1***@", text)
+
+
 def printable_url(url: str) -> str:
     """A database URL fit to show a person: the password masked."""
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
-        return "(unreadable DATABASE_URL)"
+        return mask_passwords(url)
 
 
 def normalize_url(url: str) -> str:
@@ -72,8 +85,12 @@ def create_db_engine(url: str | None = None) -> Engine:
     url = normalize_url(url or config.database_url())
     try:
         parsed = make_url(url)
-    except Exception as exc:
-        raise DatabaseUrlError(f"DATABASE_URL is not a database URL: {url!r}") from exc
+    except Exception:
+        # Neither the URL nor the parser's complaint (which quotes a piece of it) is shown
+        # as it is: either can hold the password.
+        raise DatabaseUrlError(
+            f"DATABASE_URL is not a database URL: {mask_passwords(url)!r}"
+        ) from None
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         return _sqlite_engine(url, parsed.database)
@@ -185,10 +202,11 @@ def retry_with_backoff(
     retryable: Callable[[BaseException], bool],
     give_up: Callable[[], bool],
     max_backoff_s: float,
+    on_retry: Callable[[BaseException, float], None] | None = None,
 ) -> T:
     """`action()`, tried again after 0.5 s, 1 s, 2 s … (at most `max_backoff_s`) while its
     error is `retryable`. Any other error is raised at once, and so is a retryable one once
-    `give_up()` says so (a stop request)."""
+    `give_up()` says so (a stop request). `on_retry(error, delay)` hears of each retry."""
     delay = 0.5
     while True:
         try:
@@ -197,6 +215,8 @@ def retry_with_backoff(
             if not retryable(exc) or give_up():
                 raise
             log.warning("could not %s, retrying in %.1f s: %s", what, delay, first_line(exc))
+            if on_retry is not None:
+                on_retry(exc, delay)
             time.sleep(delay)
             delay = min(max_backoff_s, delay * 2)
 
