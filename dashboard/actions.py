@@ -1,7 +1,8 @@
 """What a person can do to a job (cancel, retry, clone, delete), shared by the Jobs and Job pages.
 
 Each action reports its outcome through `flash`, shown once at the top of the next run, so a
-refused action (say, deleting a running job) is a sentence on the page, never a traceback.
+refused action (say, deleting a running job) is a sentence on the page, never a traceback. A
+flash message is shown as plain text (it carries names and error messages from outside).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 import streamlit as st
 
 from common.files import remove_job_files
+from dashboard.format import plain
 from dashboard.nav import JOB_PAGE, NEW_JOB_PAGE
 from db import queue
 from db.engine import Engine
@@ -27,7 +29,7 @@ def flash(level: str, message: str, job_id: int | None = None) -> None:
 
 def show_flashes() -> None:
     for level, message, job_id in st.session_state.pop(_FLASH_KEY, []):
-        getattr(st, level)(message)
+        getattr(st, level)(plain(message))
         if job_id is not None:
             st.page_link(JOB_PAGE, label=f"Open job #{job_id}", query_params={"job": job_id})
 

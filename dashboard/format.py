@@ -1,10 +1,31 @@
-"""Numbers and times as a person reads them."""
+"""Numbers, times and outside text as a person reads them.
+
+`plain(text)` is the one way a page shows a string it did not write itself (a job's name or
+error, a device, a worker id, a class name, a CSV label, a file name, an exception's message, the
+address's query parameters) inside anything Streamlit renders as Markdown: `st.markdown`,
+`st.caption`, `st.title`, `st.error`/`warning`/`info`/`success`, a metric, an image caption, a
+widget or expander label. Selectbox options and dataframe cells are shown as text already.
+"""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from db.models import utcnow
+
+# Every ASCII punctuation character: CommonMark lets a backslash escape each of them, and they
+# are all that Markdown (with GitHub's and Streamlit's extensions: links, images, autolinks,
+# `:red[…]`, `:material/…:`, `$…$`, tables, HTML) builds its syntax from.
+_MARKDOWN_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def plain(text: object) -> str:
+    """`text` as Markdown that renders as exactly that text, line breaks kept: no link, image,
+    emphasis, heading, list, code, HTML or directive can come out of it."""
+    lines = str(text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    # A backslash at the end of a line is a hard line break in CommonMark.
+    return "\\\n".join(_MARKDOWN_PUNCTUATION.sub(r"\\\1", line) for line in lines)
 
 
 def duration(seconds: float | None) -> str:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import annotated_types
 import streamlit as st
 
+from dashboard.format import plain
 from db.spec import JobSpec
 
 KEY_PREFIX = "spec."
@@ -220,7 +221,7 @@ def render_field(field: FieldKind, problem: str | None) -> None:
         label = WORD_LABELS.get((field.name, word), f"{field.label}: {word}")
         st.checkbox(label, key=field.word_key(word))
     if problem:
-        st.error(problem, icon=":material/error:")
+        st.error(plain(problem), icon=":material/error:")
 
 
 def _number_input(field: FieldKind, disabled: bool) -> None:

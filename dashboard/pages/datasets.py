@@ -11,6 +11,7 @@ import streamlit as st
 
 from common.errors import first_line
 from dashboard.actions import flash, show_flashes
+from dashboard.format import plain
 from dashboard.state import require_database
 from datasets.items import dataset_items, preview_items, split_counts
 from datasets.labelling import PETS_LABEL_REGEX, DatasetError
@@ -58,11 +59,11 @@ def _register(
     try:
         registration = action(_progress_bar() if checks_images else None)
     except DatasetError as exc:
-        st.error(str(exc), icon=":material/error:")
+        st.error(plain(exc), icon=":material/error:")
         return
     except DatabaseError as exc:
         reason = first_line(exc)
-        st.error(f"The database refused the dataset: {reason}", icon=":material/error:")
+        st.error(f"The database refused the dataset: {plain(reason)}", icon=":material/error:")
         return
     flash("success", registration.summary())
     st.session_state[PREVIEW_KEY] = registration.name
@@ -208,19 +209,19 @@ def image_grid(samples: list[tuple[str, str]]) -> None:
             thumbnail = _thumbnail(path)
         except Exception:
             continue  # decoded at registration; a file changed since is simply not shown
-        columns[index % GRID_COLUMNS].image(thumbnail, caption=label, width=THUMBNAIL_PX)
+        columns[index % GRID_COLUMNS].image(thumbnail, caption=plain(label), width=THUMBNAIL_PX)
 
 
 def preview(engine: Engine, dataset: Dataset) -> None:
     rule = dataset.label_rule or {}
     st.caption(
         f"{dataset.kind} · {len(dataset.classes or []):,} classes · {dataset.item_count:,} "
-        f"images · labels: {rule.get('type', 'folder')} · `{dataset.location}`"
+        f"images · labels: {plain(rule.get('type', 'folder'))} · {plain(dataset.location)}"
     )
     try:
         samples, splits = _preview(engine, dataset.name, str(dataset.created_at), PREVIEW_COUNT)
     except DatasetError as exc:
-        st.info(str(exc), icon=":material/info:")
+        st.info(plain(exc), icon=":material/info:")
         return
     if dataset.class_counts:
         st.plotly_chart(class_chart(dataset.class_counts, splits), width="stretch")
@@ -238,13 +239,13 @@ def remove_section(engine: Engine, dataset: Dataset) -> None:
             if dataset.kind in ("upload", "url")
             else ("the folder itself is left untouched")
         )
-        st.caption(f"Removes {dataset.name!r} from the registry; {owned}.")
+        st.caption(f"Removes {plain(repr(dataset.name))} from the registry; {owned}.")
         confirmed = st.checkbox("Yes, remove it", key=f"datasets.remove.confirm.{dataset.name}")
         if st.button("Remove", key=f"datasets.remove.{dataset.name}", disabled=not confirmed):
             try:
                 unregister_dataset(engine, dataset.name)
             except DatasetError as exc:
-                st.error(str(exc), icon=":material/error:")
+                st.error(plain(exc), icon=":material/error:")
                 return
             flash("success", f"Removed dataset {dataset.name!r}.")
             st.session_state.pop(PREVIEW_KEY, None)
@@ -268,7 +269,7 @@ def main() -> None:
         )
 
     st.subheader("Add a dataset")
-    roots = ", ".join(f"`{root}`" for root in allowed_roots())
+    roots = ", ".join(plain(root) for root in allowed_roots())
     st.caption(
         f"Folders and CSV files must lie inside the allowed data roots: {roots} "
         f"(an admin adds more with {DATASET_ROOTS_ENV})."

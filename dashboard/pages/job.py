@@ -15,9 +15,10 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from common import store
 from dashboard import actions, charts, xla
 from dashboard.downloads import link_for
-from dashboard.format import between, duration, size
+from dashboard.format import between, duration, plain, size
 from dashboard.live import LiveJob
 from dashboard.results_view import render_results
 from dashboard.state import get_engine
@@ -41,7 +42,7 @@ def chosen_job_id() -> int | None:
         try:
             return int(raw)
         except ValueError:
-            st.warning(f"{raw!r} is not a job number.")
+            st.warning(f"{plain(repr(raw))} is not a job number.")
     rows = job_rows(get_engine(), limit=200)
     if not rows:
         st.info("No jobs yet.")
@@ -78,20 +79,20 @@ def show_progress(job: Job) -> None:
     st.progress(fraction, text=f"{fraction:.0%}")
     where = []
     if job.device:
-        where.append(f"device {job.device}")
+        where.append(f"device {plain(job.device)}")
     if job.worker_id:
-        where.append(f"worker {job.worker_id}")
+        where.append(f"worker {plain(job.worker_id)}")
     if where:
         st.caption(", ".join(where))
 
 
 def show_failure(job: Job) -> None:
     if job.status == "cancelled" and job.error:
-        st.info(f"Cancelled: {job.error}")
+        st.info(f"Cancelled: {plain(job.error)}")
     if job.status != "failed" or not job.error:
         return
     lines = job.error.strip().splitlines()
-    st.error(f"The job failed: {lines[-1]}", icon=":material/error:")
+    st.error(f"The job failed: {plain(lines[-1])}", icon=":material/error:")
     if len(lines) > 1:
         with st.expander("Traceback", expanded=True):
             st.code(job.error, language="python")
@@ -171,7 +172,8 @@ def xla_table(epochs: list[xla.XlaEpoch]) -> pd.DataFrame:
 
 
 def diagnostics_tab(engine: Engine, job: Job, live: LiveJob) -> None:
-    st.markdown(f"**Device:** {job.device or 'not known yet (the worker reports it at start)'}")
+    device = plain(job.device) if job.device else "not known yet (the worker reports it at start)"
+    st.markdown(f"**Device:** {device}")
     memory = live.get("epoch/cuda_max_memory_mb")
     if len(memory):
         st.metric("CUDA peak memory (latest epoch)", f"{memory.high[-1]:,.0f} MB")
@@ -233,7 +235,8 @@ def log_tab(engine: Engine, job: Job, live: LiveJob) -> None:
         st.caption("No matching lines." if query else "The log is empty so far.")
         return
     shown = lines[-LOG_LINES_SHOWN:]
-    st.caption(f"{len(shown)} of {len(lines)} lines" + (f" matching {query!r}" if query else ""))
+    matching = f" matching {plain(repr(query))}" if query else ""
+    st.caption(f"{len(shown)} of {len(lines)} lines{matching}")
     st.code("\n".join(shown), language=None)
 
 
@@ -253,18 +256,19 @@ def artifacts_tab(engine: Engine, job: Job, live: LiveJob) -> None:
         )
         return
     for artifact in artifacts:
-        path = Path(artifact.path)
+        name = store.display_name(artifact.path)
         with st.container(border=True):
-            st.markdown(f"**{artifact.kind}** · `{path.name}` · {size(artifact.bytes)}")
-            st.markdown(f"SHA-256 `{artifact.sha256}`")
-            if path.is_file():
+            st.markdown(f"**{plain(artifact.kind)}** · {plain(name)} · {size(artifact.bytes)}")
+            st.markdown(f"SHA-256 {plain(artifact.sha256)}")
+            # A local path (a row from before the store) may be another machine's file.
+            if store.is_store_url(artifact.path) or Path(artifact.path).is_file():
                 st.link_button(
-                    f"Download {path.name}",
-                    link_for(path, f"job{job.id}-{path.name}", artifact.sha256),
+                    f"Download {plain(name)}",
+                    link_for(artifact.path, f"job{job.id}-{name}", artifact.sha256),
                     icon=":material/download:",
                 )
             else:
-                st.warning(f"The file {artifact.path} is not on this machine.")
+                st.warning(f"The file {plain(artifact.path)} is not on this machine.")
 
 
 # (title, render(engine, job, live)): the job page's tabs, in order.
@@ -309,7 +313,7 @@ if job_id is not None:
         st.warning(f"There is no job #{job_id}.")
         st.stop()
     st.session_state[DRAWN_STATUS_KEY] = (job.id, job.status)
-    st.title(f"#{job.id} · {job.name}")
+    st.title(f"#{job.id} · {plain(job.name)}")
     actions.show_flashes()
     actions.render_buttons(engine, job.id, job.status, job.spec, key="job")
     refresh = None if job.status in FINISHED_STATUSES else REFRESH_S

@@ -11,6 +11,7 @@ import streamlit as st
 from common.errors import first_line
 from dashboard import spec_form
 from dashboard.actions import CLONE_REQUEST_KEY, show_flashes
+from dashboard.format import plain
 from dashboard.nav import JOB_PAGE
 from dashboard.state import get_engine
 from datasets.labelling import is_image_name
@@ -57,7 +58,7 @@ def dataset_picker(engine: Engine, problem: str | None) -> None:
         help="A registered dataset (see the Datasets page); 'digits' is built in.",
     )
     if problem:
-        st.error(problem, icon=":material/error:")
+        st.error(plain(problem), icon=":material/error:")
     dataset = get_dataset(engine, st.session_state[spec_form.DATASET_KEY])
     if dataset is None:
         st.caption(
@@ -68,14 +69,14 @@ def dataset_picker(engine: Engine, problem: str | None) -> None:
     counts = dataset.class_counts or {}
     st.caption(
         f"{dataset.kind} · {len(dataset.classes or counts):,} classes · "
-        f"{dataset.item_count:,} images · `{dataset.location}`"
+        f"{dataset.item_count:,} images · {plain(dataset.location)}"
     )
     folder_per_class = (dataset.label_rule or {}).get("type", "folder") == "folder"
     samples = sample_images(dataset.location, folder_per_class)
     if samples:
         columns = st.columns(len(samples))
         for column, (path, caption) in zip(columns, samples, strict=True):
-            column.image(path, caption=caption, width=72)
+            column.image(path, caption=plain(caption), width=72)
     else:
         st.caption("No sample images: the dataset's folder is not on this machine.")
 
@@ -137,7 +138,7 @@ def take_clone_request() -> None:
     st.session_state.pop(QUEUED_KEY, None)
     st.session_state.pop(PROBLEMS_KEY, None)
     for note in notes:
-        st.warning(note)
+        st.warning(plain(note))
 
 
 def reset_form() -> None:
@@ -179,9 +180,11 @@ other_problems = {field: message for field, message in problems.items() if field
 if problems:
     st.error(
         "Nothing was queued: "
-        + "; ".join(
-            f"{spec_form.LABELS.get(field, field)} {message}"
-            for field, message in other_problems.items()
+        + plain(
+            "; ".join(
+                f"{spec_form.LABELS.get(field, field)} {message}"
+                for field, message in other_problems.items()
+            )
         )
         if other_problems
         else "Nothing was queued: fix the fields marked above."

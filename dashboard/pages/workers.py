@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from common.config import DEFAULT_HEARTBEAT_TIMEOUT_S, heartbeat_timeout_s
-from dashboard.format import duration, since
+from dashboard.format import duration, plain, since
 from dashboard.state import get_engine
 from db.models import Worker
 from db.workers import is_stale, list_workers
@@ -27,7 +27,7 @@ def stale_after_s() -> float:
     try:
         return heartbeat_timeout_s()
     except ValueError as exc:
-        st.warning(f"{exc}; using {DEFAULT_HEARTBEAT_TIMEOUT_S:g} s.")
+        st.warning(f"{plain(exc)}; using {DEFAULT_HEARTBEAT_TIMEOUT_S:g} s.")
         return DEFAULT_HEARTBEAT_TIMEOUT_S
 
 
@@ -42,7 +42,7 @@ def workers_view() -> None:
     stale = [worker.id for worker, state in zip(workers, states, strict=True) if state == "stale"]
     if stale:
         st.warning(
-            f"No heartbeat for over {duration(timeout_s)} from: {', '.join(stale)}. "
+            f"No heartbeat for over {duration(timeout_s)} from: {plain(', '.join(stale))}. "
             "Their running jobs go back to the queue (or fail when out of attempts).",
             icon=":material/heart_broken:",
         )

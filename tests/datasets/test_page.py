@@ -16,6 +16,7 @@ from tests.support.images import (
     write_corrupt_png,
     zip_folder,
 )
+from tests.support.markdown import shown
 
 PAGE = str(Path(__file__).resolve().parents[2] / "dashboard" / "pages" / "datasets.py")
 TIMEOUT_S = 60
@@ -30,7 +31,8 @@ def page(sqlite_engine: Engine) -> AppTest:
 
 
 def texts(elements) -> list[str]:
-    return [element.value for element in elements]
+    """What a person reads in these Markdown elements (AppTest gives their source)."""
+    return [shown(element.value) for element in elements]
 
 
 def by_key(app: AppTest, key: str):
