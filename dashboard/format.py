@@ -20,10 +20,19 @@ from db.models import utcnow
 _MARKDOWN_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
 
 
+# Streamlit's renderer also turns a bare `http://…`, `www.…` or `name@host.tld` into a link. It
+# finds them in the text after parsing, escapes or not, so an invisible word joiner goes where
+# none of them can then match: before `://`, between `www` and `.`, after `@`.
+WORD_JOINER = "\u2060"
+_BARE_ADDRESS_START = re.compile(r"(?=://)|(?<=www)(?=\.)|(?<=@)", re.IGNORECASE)
+
+
 def plain(text: object) -> str:
     """`text` as Markdown that renders as exactly that text, line breaks kept: no link, image,
-    emphasis, heading, list, code, HTML or directive can come out of it."""
-    lines = str(text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    emphasis, heading, list, code, HTML or directive can come out of it. (A bare address gets
+    an invisible word joiner, so that it is not made a link either.)"""
+    text = _BARE_ADDRESS_START.sub(WORD_JOINER, str(text))
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     # A backslash at the end of a line is a hard line break in CommonMark.
     return "\\\n".join(_MARKDOWN_PUNCTUATION.sub(r"\\\1", line) for line in lines)
 

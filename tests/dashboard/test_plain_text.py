@@ -199,7 +199,7 @@ def test_a_flash_message_is_shown_as_text():
     [
         INJECTED,
         "<img src=x onerror=alert(1)> &amp; `code` **bold** _it_ ~~gone~~ $x^2$",
-        ":red[coloured] :material/home: :smile: http://127.0.0.1:9/bare www.example.com",
+        ":red[coloured] :material/home: :smile: http://127.0.0.1:9/bare www.example.com a@b.org",
         "# heading\n- item\n1. item\n> quote\n---\n| a | b |\n|---|---|\n<b>x</b>",
         "a\\b \\[escaped\\] trailing backslash \\",
     ],
