@@ -1,18 +1,22 @@
-"""Configuration read from the environment, with the defaults the README documents."""
+"""The settings most code needs, as functions: thin reads of `common.settings.settings()`,
+which checks every environment variable at once (a bad one is a one-line SettingsError)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
-DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
-DEFAULT_SQLITE_BUSY_TIMEOUT_S = 30.0
+from common.settings import Settings, settings
+
+DEFAULT_HEARTBEAT_TIMEOUT_S: float = Settings.model_fields["heartbeat_timeout_s"].default
+DEFAULT_HEARTBEAT_INTERVAL_S: float = Settings.model_fields["heartbeat_interval_s"].default
+DEFAULT_SQLITE_BUSY_TIMEOUT_S: float = Settings.model_fields["sqlite_busy_timeout_s"].default
 
 
 def data_dir() -> Path:
-    """The folder holding the SQLite file, datasets, checkpoints and exports (`TRAINDECK_DATA`)."""
-    return Path(os.environ.get("TRAINDECK_DATA", "data")).expanduser().resolve()
+    """The folder holding the SQLite file, datasets, checkpoints and exports (`TRAINDECK_DATA`),
+    resolved against the current folder."""
+    return settings().data.expanduser().resolve()
 
 
 class DataFolderError(OSError):
@@ -39,35 +43,22 @@ def ensure_data_dir() -> Path:
 
 def database_url() -> str:
     """`DATABASE_URL`, or a SQLite file under the data folder."""
-    url = os.environ.get("DATABASE_URL", "").strip()
-    if url:
-        return url
+    url = settings().database_url
+    if url is not None:
+        return url.get_secret_value()
     return f"sqlite:///{data_dir() / 'traindeck.db'}"
-
-
-def _positive_float_env(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"{name} must be greater than 0, got {raw!r}")
-    return value
 
 
 def heartbeat_timeout_s() -> float:
     """Seconds without a heartbeat after which a running job counts as abandoned."""
-    return _positive_float_env("TRAINDECK_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT_S)
+    return settings().heartbeat_timeout_s
 
 
 def heartbeat_interval_s() -> float:
     """Seconds between two heartbeats of a worker."""
-    return _positive_float_env("TRAINDECK_HEARTBEAT_INTERVAL", DEFAULT_HEARTBEAT_INTERVAL_S)
+    return settings().heartbeat_interval_s
 
 
 def sqlite_busy_timeout_s() -> float:
     """How long a SQLite write waits for another writer's lock before it fails."""
-    return _positive_float_env("TRAINDECK_SQLITE_BUSY_TIMEOUT", DEFAULT_SQLITE_BUSY_TIMEOUT_S)
+    return settings().sqlite_busy_timeout_s

@@ -1,8 +1,8 @@
 """How every traindeck command starts and ends: `run_main(main)` in each `__main__` block.
 
 A command whose output is piped into `head` or `grep -q` ends quietly when the reader goes
-away, as Unix tools do, and a data folder that cannot be created or written is one line
-naming it, not a traceback.
+away, as Unix tools do, and a data folder that cannot be created or written, or a setting in
+the environment that cannot be used, is one line naming it and exit code 2, not a traceback.
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from common.config import DataFolderError
+from common.settings import SettingsError
 
 # What Python's documentation suggests for a closed stdout (the note on SIGPIPE in `signal`).
 EXIT_BROKEN_PIPE = 1
 EXIT_DATA_FOLDER = 2
+EXIT_SETTINGS = 2
 
 
 def _stdout_closed() -> bool:
@@ -33,7 +35,8 @@ def _stdout_closed() -> bool:
 
 
 def run_main(main: Callable[[], int | None]) -> NoReturn:
-    """Exit with `main()`'s status, quietly on a closed stdout or an unusable data folder."""
+    """Exit with `main()`'s status, quietly on a closed stdout, an unusable data folder or a
+    bad setting."""
     try:
         status = main()
         # Flushed here, not at interpreter exit, so that a closed pipe is caught below.
@@ -49,4 +52,7 @@ def run_main(main: Callable[[], int | None]) -> NoReturn:
     except DataFolderError as exc:
         print(f"traindeck: {exc}", file=sys.stderr)
         sys.exit(EXIT_DATA_FOLDER)
+    except SettingsError as exc:
+        print(f"traindeck: {exc}", file=sys.stderr)
+        sys.exit(EXIT_SETTINGS)
     sys.exit(status)

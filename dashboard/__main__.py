@@ -15,6 +15,9 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
+from common.entry import run_main
+from common.settings import settings
+
 HERE = Path(__file__).resolve().parent
 SETTINGS_FILE = HERE / "streamlit.toml"
 
@@ -45,8 +48,9 @@ def streamlit_argv(argv: list[str] | None = None) -> list[str]:
     parser = argparse.ArgumentParser(
         prog="python -m dashboard", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--port", default=os.environ.get("TRAINDECK_PORT", "8501"))
-    parser.add_argument("--address", default=os.environ.get("TRAINDECK_ADDRESS", "127.0.0.1"))
+    current = settings()  # a bad TRAINDECK_PORT or any other setting: one line, exit 2
+    parser.add_argument("--port", default=str(current.port))
+    parser.add_argument("--address", default=current.address)
     args = parser.parse_args(argv)
     return [
         "streamlit",
@@ -66,4 +70,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -16,11 +16,12 @@ from streamlit.runtime.pages_manager import PagesManager
 
 from dashboard import auth, downloads
 from dashboard.nav import build_navigation
-from dashboard.state import require_database
+from dashboard.state import require_database, require_settings
 
 
 def run_page() -> None:
     st.set_page_config(page_title="traindeck", page_icon=":material/model_training:", layout="wide")
+    require_settings()
     auth.require_sign_in()
     page = build_navigation()
     require_database()

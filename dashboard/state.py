@@ -1,15 +1,19 @@
-"""What every page shares: the database engine, and the check that the database is usable.
+"""What every page shares: the database engine, and the checks that the settings and the
+database are usable.
 
 Other pages get the engine with `from dashboard.state import get_engine`.
 """
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import streamlit as st
 
 from common import config
 from common.errors import first_line
-from db.engine import DatabaseError, DatabaseUrlError, Engine, printable_url
+from common.settings import SettingsError, settings
+from db.engine import DatabaseError, Engine, printable_url
 from db.engine import get_engine as db_get_engine
 from db.migrate import is_migrated
 
@@ -24,17 +28,31 @@ def get_engine() -> Engine:
     return _engine_for(config.database_url())
 
 
-def require_database() -> Engine:
-    """The engine, or a clear message and a stopped page when the database or the data folder
-    cannot be used."""
-    url = config.database_url()
+def _stop_for_setting(exc: SettingsError) -> NoReturn:
+    st.error("traindeck cannot use a setting in its environment:", icon=":material/error:")
+    st.code(str(exc), language=None, wrap_lines=True)  # a value is text, not Markdown
+    st.stop()
+
+
+def require_settings() -> None:
+    """Stop the page with the one-line message when a setting in the environment cannot be
+    used (`common.settings`)."""
     try:
+        settings()
+    except SettingsError as exc:
+        _stop_for_setting(exc)
+
+
+def require_database() -> Engine:
+    """The engine, or a clear message and a stopped page when a setting, the database or the
+    data folder cannot be used."""
+    try:
+        url = config.database_url()
         config.ensure_data_dir()  # uploads, checkpoints and exports are read and written there
         engine = get_engine()
         migrated = is_migrated(engine)
-    except DatabaseUrlError as exc:
-        st.error(f"DATABASE_URL cannot be used: {exc}")
-        st.stop()
+    except SettingsError as exc:  # DatabaseUrlError among them
+        _stop_for_setting(exc)
     except config.DataFolderError as exc:
         st.error("traindeck cannot use its data folder:", icon=":material/error:")
         st.code(str(exc), language=None, wrap_lines=True)  # a path is text, not Markdown

@@ -8,12 +8,11 @@ inside the destination folder, which is new; on any failure it is removed again,
 upload leaves nothing behind.
 
 Limits: `TRAINDECK_UPLOAD_MAX_FILES` (default 5,000 members) and `TRAINDECK_UPLOAD_MAX_MB`
-(default 500 MB uncompressed).
+(default 500 MB uncompressed), read through `common.settings`.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import stat
@@ -23,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
+from common.settings import Settings, settings
 from datasets.labelling import DatasetError, is_hidden, is_image_name
 
 MAX_FILES_ENV = "TRAINDECK_UPLOAD_MAX_FILES"
 MAX_MB_ENV = "TRAINDECK_UPLOAD_MAX_MB"
-DEFAULT_MAX_FILES = 5_000
-DEFAULT_MAX_MB = 500
+DEFAULT_MAX_FILES: int = Settings.model_fields["upload_max_files"].default
+DEFAULT_MAX_MB: int = Settings.model_fields["upload_max_mb"].default
 CHUNK_BYTES = 1 << 20
 KEPT_SUFFIXES = frozenset({".csv"})
 MAX_PROBLEMS_SHOWN = 5
@@ -46,23 +46,9 @@ class UploadLimits:
 
     @classmethod
     def from_env(cls) -> UploadLimits:
-        return cls(
-            max_files=_positive_int_env(MAX_FILES_ENV, DEFAULT_MAX_FILES),
-            max_bytes=_positive_int_env(MAX_MB_ENV, DEFAULT_MAX_MB) * 1_000_000,
-        )
-
-
-def _positive_int_env(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise UploadError(f"{name} must be a whole number, got {raw!r}") from None
-    if value < 1:
-        raise UploadError(f"{name} must be at least 1, got {raw!r}")
-    return value
+        """The limits in the environment (a bad value is a one-line SettingsError)."""
+        current = settings()
+        return cls(max_files=current.upload_max_files, max_bytes=current.upload_max_mb * 1_000_000)
 
 
 def _size(byte_count: int) -> str:

@@ -8,7 +8,6 @@ is refused, so a browser user cannot point the server at /etc or at someone's ho
 
 from __future__ import annotations
 
-import os
 import unicodedata
 import warnings
 from collections import Counter
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from common import config
+from common.settings import settings
 from datasets.labelling import DatasetError, LabelledItems, relative_name, scan_items
 from db.spec import normalize_dataset_name
 
@@ -41,11 +41,8 @@ ProgressCallback = Callable[[int, int], None]
 
 def allowed_roots() -> list[Path]:
     """The folders datasets may live in: the data folder, then the admin's extra roots."""
-    roots = [config.data_dir()]
-    for entry in os.environ.get(DATASET_ROOTS_ENV, "").split(os.pathsep):
-        if entry.strip():
-            roots.append(Path(entry.strip()).expanduser().resolve())
-    return roots
+    extra = settings().dataset_roots
+    return [config.data_dir(), *(root.expanduser().resolve() for root in extra)]
 
 
 def resolve_inside_roots(path: Path | str, what: str = "folder") -> Path:

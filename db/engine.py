@@ -10,7 +10,6 @@ transactions (`read_tx`) stay deferred so that the dashboard never queues behind
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +23,8 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, Program
 from sqlalchemy.exc import SQLAlchemyError as DatabaseError
 
 from common import config
-from common.errors import first_line
+from common.errors import first_line, mask_passwords
+from common.settings import SettingsError
 
 # Other rooms name these through `db.engine`: only `db/` imports SQLAlchemy (.importlinter).
 __all__ = [
@@ -45,19 +45,9 @@ _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
 
 
-class DatabaseUrlError(ValueError):
-    """DATABASE_URL names a database traindeck cannot use."""
-
-
-# `scheme://user:` or a bare `user:` then the password, up to the last `@` of the word: a
-# malformed URL is often malformed because its password holds an unescaped `@`, `:` or `/`.
-_PASSWORD_IN_URL = re.compile(r"((?:[A-Za-z][A-Za-z0-9+.-]*://)?[^\s:/@'\"]*:(?!//))\S*@")
-
-
-def mask_passwords(text: str) -> str:
-    """`text` with the password of every URL in it (`scheme://user:password@host…`, even a
-    URL no parser accepts) replaced by `***`."""
-    return _PASSWORD_IN_URL.sub(r"\1***@", text)
+class DatabaseUrlError(SettingsError):
+    """DATABASE_URL names a database traindeck cannot use: a SettingsError (so a ValueError),
+    which every command ends with as one line and exit code 2."""
 
 
 def printable_url(url: str) -> str:

@@ -31,7 +31,6 @@ from datasets.validation import normalize_dataset_name
 from db import queue
 from db.datasets import list_datasets
 from db.engine import (
-    DatabaseUrlError,
     Engine,
     OperationalError,
     ProgrammingError,
@@ -320,7 +319,10 @@ def build_parser(prog: str = "traindeck") -> argparse.ArgumentParser:
 
     for name, help_text in (
         ("run", "migrate, write the built-in dataset, start the dashboard and a worker"),
-        ("worker", "run a worker: claim queued jobs and train them (see `traindeck worker --help`)"),
+        (
+            "worker",
+            "run a worker: claim queued jobs and train them (see `traindeck worker --help`)",
+        ),
     ):
         # Parsed by their own commands (traindeck.run, worker.cli), which own their flags.
         commands.add_parser(name, help=help_text, add_help=False)
@@ -418,7 +420,7 @@ def main(argv: list[str] | None = None, prog: str = "traindeck") -> int:
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except (UserError, queue.JobNotFound, queue.JobStateError, DatabaseUrlError) as exc:
+    except (UserError, queue.JobNotFound, queue.JobStateError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except (OperationalError, ProgrammingError) as exc:

@@ -8,7 +8,8 @@ import sys
 
 from common import config
 from common.cliargs import EXIT_USER_ERROR, Parser, positive_int, positive_seconds
-from db.engine import DatabaseUrlError, get_engine
+from common.settings import SettingsError
+from db.engine import get_engine
 from worker.supervisor import Supervisor, SupervisorOptions, default_worker_id
 
 
@@ -82,7 +83,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m worker") -> int:
         )
         config.ensure_data_dir()  # every job's checkpoints and export go there
         engine = get_engine()
-    except (ValueError, DatabaseUrlError) as exc:
+    except SettingsError:
+        raise  # one line and exit 2 from common.entry.run_main, as for every command
+    except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     supervisor = Supervisor(engine, options)

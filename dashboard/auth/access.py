@@ -1,14 +1,14 @@
 """Who may use the dashboard: the policy for its address, the ways to sign in, allowed users.
 
-`policy()` reads the address (Streamlit's server.address), the environment and the [auth]
-section of .streamlit/secrets.toml each time it is called.
+`policy()` reads the address (Streamlit's server.address), the settings (`common.settings`)
+and the [auth] section of .streamlit/secrets.toml each time it is called. Any setting that
+cannot be used is a problem: nobody gets in until it is fixed.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import ipaddress
-import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from streamlit import config
 from streamlit.auth_util import get_secrets_auth_section
 
+from common.settings import SettingsError, settings
 from dashboard.auth.passwords import PasswordHash, PasswordHashError, parse_password_hash
 
 PASSWORD_HASH_ENV = "TRAINDECK_PASSWORD_HASH"
@@ -109,18 +110,18 @@ def policy(address: str | None = None, *, use_config: bool = True) -> Policy:
     """The policy for a server bound to `address` (by default Streamlit's server.address)."""
     if address is None and use_config:
         address = _configured_address()
+    try:
+        current = settings()
+    except SettingsError as exc:
+        # A setting that cannot be used (any of them) lets nobody in until it is fixed.
+        return Policy(address, required=True, password=None, oidc_providers=(), problem=str(exc))
     problems: list[str] = []
-
-    mode = os.environ.get(AUTH_MODE_ENV, "auto").strip().lower() or "auto"
-    if mode not in ("auto", "required"):
-        problems.append(f"{AUTH_MODE_ENV} must be 'auto' or 'required', not {mode!r}")
-    forced = mode != "auto"
+    forced = current.auth == "required"
 
     password = None
-    hash_text = os.environ.get(PASSWORD_HASH_ENV, "").strip()
-    if hash_text:
+    if current.password_hash is not None:
         try:
-            password = parse_password_hash(hash_text)
+            password = parse_password_hash(current.password_hash.get_secret_value())
         except PasswordHashError as exc:
             problems.append(
                 f"{PASSWORD_HASH_ENV} is not a hash made by `python -m dashboard.auth hash` ({exc})"
@@ -153,8 +154,7 @@ def policy(address: str | None = None, *, use_config: bool = True) -> Policy:
 
 def allowed_users() -> set[str]:
     """TRAINDECK_ALLOWED_USERS: e-mail addresses and `@domain`s; empty lets anyone in."""
-    text = os.environ.get(ALLOWED_USERS_ENV, "")
-    return {entry.strip().lower() for entry in text.replace(",", " ").split() if entry.strip()}
+    return set(settings().allowed_users)
 
 
 def user_allowed(user: Mapping[str, object]) -> bool:

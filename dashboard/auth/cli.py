@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import os
 import sys
 
+from common.settings import settings
 from dashboard.auth.access import PASSWORD_HASH_ENV, policy
 from dashboard.auth.passwords import MAX_PASSWORD_LENGTH, MIN_PASSWORD_LENGTH, hash_password
 
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     check = commands.add_parser("check", help="say whether sign-in is required, and how")
     check.add_argument(
         "--address",
-        default=os.environ.get("TRAINDECK_ADDRESS", "127.0.0.1"),
+        default=settings().address,
         help="the address the dashboard listens on (default $TRAINDECK_ADDRESS or 127.0.0.1)",
     )
     args = parser.parse_args(argv)

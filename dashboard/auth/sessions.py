@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import collections
 import json
-import math
-import os
 import secrets
 import threading
 import time
@@ -27,12 +25,13 @@ from streamlit.web.server.server_util import get_cookie_secret
 from streamlit.web.server.starlette.starlette_app_utils import decode_signed_value
 from streamlit.web.server.starlette.starlette_server_config import USER_COOKIE_NAME
 
+from common.settings import Settings, settings
 from dashboard.auth.access import Policy, policy, user_allowed
 from dashboard.auth.passwords import PasswordHash
 
 SESSION_HOURS_ENV = "TRAINDECK_SESSION_HOURS"
 SESSION_COOKIE = "traindeck_session"
-DEFAULT_SESSION_HOURS = 12.0
+DEFAULT_SESSION_HOURS: float = Settings.model_fields["session_hours"].default
 _SESSION_SALT = "traindeck-session"
 
 
@@ -43,11 +42,8 @@ def _served_over_http() -> bool:
 
 
 def _session_lifetime_s() -> float:
-    try:
-        hours = float(os.environ.get(SESSION_HOURS_ENV, DEFAULT_SESSION_HOURS))
-    except ValueError:
-        hours = DEFAULT_SESSION_HOURS
-    return max(60.0, hours * 3600.0) if math.isfinite(hours) else DEFAULT_SESSION_HOURS * 3600
+    """TRAINDECK_SESSION_HOURS in seconds, at least a minute (a bad value: SettingsError)."""
+    return max(60.0, settings().session_hours * 3600.0)
 
 
 def _cookie_secret() -> str:

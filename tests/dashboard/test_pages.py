@@ -424,12 +424,20 @@ def test_the_log_can_be_searched(sqlite_engine):
     assert "1 of 1 lines matching 'VALID_LOSS'" in texts(at)
 
 
-def test_a_malformed_heartbeat_timeout_is_named_not_a_traceback(sqlite_engine, monkeypatch):
+def test_a_malformed_setting_stops_the_page_with_one_line_not_a_traceback(
+    sqlite_engine, monkeypatch
+):
     monkeypatch.setenv("TRAINDECK_HEARTBEAT_TIMEOUT", "soon")
-    register_worker(sqlite_engine, "w:1", "w", 1, "cpu")
-    at = open_page("pages/workers.py")
-    assert any("TRAINDECK_HEARTBEAT_TIMEOUT must be a number" in shown(w.value) for w in at.warning)
-    assert at.dataframe[0].value["state"].tolist() == ["alive (idle)"]
+    seed.running_job(sqlite_engine)
+    # The main page: app.py runs first, as it does for every page of a real server (AppTest's
+    # switch_page would run the page's file alone).
+    at = open_page("pages/jobs.py")
+    assert [e.value for e in at.error] == ["traindeck cannot use a setting in its environment:"]
+    assert [c.value for c in at.code] == [
+        "TRAINDECK_HEARTBEAT_TIMEOUT='soon' is not valid: a number of seconds greater than 0 "
+        "(at most 86400, a day)"
+    ]
+    assert not at.dataframe
 
 
 def test_a_database_without_tables_gets_a_clear_message(data_dir, monkeypatch):

@@ -28,6 +28,6 @@ def test_every_page_names_a_malformed_database_url_without_its_password(
     at = AppTest.from_file(APP, default_timeout=60)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
-    shown = [str(element.value) for element in (*at.error, *at.markdown, *at.caption)]
+    shown = [str(element.value) for element in (*at.error, *at.markdown, *at.caption, *at.code)]
     assert any("is not a database URL" in text for text in shown), shown
     assert all(PASSWORD not in text for text in shown), shown

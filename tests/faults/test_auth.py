@@ -166,9 +166,20 @@ def test_forced_and_broken_settings_refuse_everyone_with_a_reason(
     assert forced.required and "none is configured" in forced.problem
 
     monkeypatch.setenv(auth.AUTH_MODE_ENV, "sometimes")
-    assert "must be 'auto' or 'required'" in auth.policy("127.0.0.1", use_config=False).problem
+    broken = auth.policy("127.0.0.1", use_config=False)
+    assert broken.required
+    assert broken.problem == "TRAINDECK_AUTH='sometimes' is not valid: 'auto' or 'required'"
 
+    # Any setting that cannot be used shuts the door the same way (common.settings).
     monkeypatch.delenv(auth.AUTH_MODE_ENV)
+    monkeypatch.setenv(auth.SESSION_HOURS_ENV, "abc")
+    broken = auth.policy("127.0.0.1", use_config=False)
+    assert broken.required and broken.problem.startswith("TRAINDECK_SESSION_HOURS='abc' is not")
+    monkeypatch.setenv(auth.SESSION_HOURS_ENV, "12")
+    monkeypatch.setenv(auth.ALLOWED_USERS_ENV, "example.org")  # no @: would match nobody
+    assert "TRAINDECK_ALLOWED_USERS='example.org' is not valid" in auth.policy("::1").problem
+    monkeypatch.delenv(auth.ALLOWED_USERS_ENV)
+
     monkeypatch.setenv(auth.PASSWORD_HASH_ENV, "hunter2")
     broken = auth.policy("127.0.0.1", use_config=False)
     assert broken.required

@@ -1,0 +1,218 @@
+"""Every setting traindeck reads from the environment, checked in one place.
+
+`settings()` reads the environment each time it is called (it keeps the result only while the
+variables stay the same) and checks every variable at once, so a mistake in any of them stops
+any command, not just the one that happens to read it. A variable that is empty or blank counts
+as unset. A value that cannot be used is a `SettingsError` (a ValueError) whose message is one
+line naming the variable, showing its value (a secret only with its password masked) and
+saying what it accepts:
+
+    TRAINDECK_SESSION_HOURS='abc' is not valid: a number of hours greater than 0 (...)
+
+Commands end with that line and exit code 2 (`common.entry.run_main`); the dashboard shows it
+and stops. The README's Configuration table lists these variables.
+
+Read where they are used, not here, because they are not traindeck's settings: PJRT_DEVICE,
+CPU_NUM_DEVICES and TPU_ACCELERATOR_TYPE (torch_xla's and the TPU VM's own), STREAMLIT_*
+(Streamlit's), TRAINDECK_FAILPOINTS (set by tests only), and the environment handed on to
+child processes. Not routed through here yet: the TPU VMs page's variables (cloud/tpu.py,
+dashboard/pages/tpu_vms.py: TRAINDECK_TPU_*, TRAINDECK_SOURCE_URL,
+TRAINDECK_WORKER_DATABASE_URL).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from common.errors import mask_passwords
+
+SECONDS = "a number of seconds greater than 0 (at most 86400, a day)"
+MAX_SECONDS = 86_400.0
+MAX_SESSION_HOURS = 8_760.0
+DATABASE_URL_FORMS = "sqlite:///PATH or postgresql://USER[:PASSWORD]@HOST[:PORT]/DB"
+_DATABASE_URL = re.compile(r"^(?:sqlite(?:\+\w+)?|postgres|postgresql(?:\+\w+)?)://")
+_EMAIL_OR_DOMAIN = re.compile(r"^[^@\s]*@[^@\s]+$")
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value traindeck cannot use; the message is one line
+    naming it and what it accepts."""
+
+
+def _setting(default: Any, variable: str, accepts: str, **constraints: Any) -> Any:
+    """A field read from `variable`; `accepts` is what the error says a good value is."""
+    return Field(default, validation_alias=variable, description=accepts, **constraints)
+
+
+class Settings(BaseSettings):
+    """traindeck's settings, one field per environment variable (the alias is its name)."""
+
+    model_config = SettingsConfigDict(
+        case_sensitive=True, env_ignore_empty=True, frozen=True, extra="ignore"
+    )
+
+    # Where things are kept.
+    data: Path = _setting(Path("data"), "TRAINDECK_DATA", "a folder path")
+    database_url: SecretStr | None = _setting(
+        None, "DATABASE_URL", f"a database URL, {DATABASE_URL_FORMS}"
+    )
+    sqlite_busy_timeout_s: float = _setting(
+        30.0, "TRAINDECK_SQLITE_BUSY_TIMEOUT", SECONDS, gt=0, le=MAX_SECONDS, allow_inf_nan=False
+    )
+    dataset_roots: Annotated[tuple[Path, ...], NoDecode] = _setting(
+        (), "TRAINDECK_DATASET_ROOTS", f"folder paths separated by {os.pathsep!r}"
+    )
+    upload_max_files: int = _setting(
+        5_000, "TRAINDECK_UPLOAD_MAX_FILES", "a whole number of files, at least 1", ge=1
+    )
+    upload_max_mb: int = _setting(
+        500, "TRAINDECK_UPLOAD_MAX_MB", "a whole number of megabytes, at least 1", ge=1
+    )
+
+    # The worker.
+    heartbeat_interval_s: float = _setting(
+        5.0, "TRAINDECK_HEARTBEAT_INTERVAL", SECONDS, gt=0, le=MAX_SECONDS, allow_inf_nan=False
+    )
+    heartbeat_timeout_s: float = _setting(
+        60.0, "TRAINDECK_HEARTBEAT_TIMEOUT", SECONDS, gt=0, le=MAX_SECONDS, allow_inf_nan=False
+    )
+
+    # The dashboard.
+    port: int = _setting(8501, "TRAINDECK_PORT", "a port number from 1 to 65535", ge=1, le=65535)
+    address: str = _setting(
+        "127.0.0.1",
+        "TRAINDECK_ADDRESS",
+        "a host name or IP address to listen on, without spaces",
+        pattern=r"^\S+$",
+    )
+    auth: Literal["auto", "required"] = _setting("auto", "TRAINDECK_AUTH", "'auto' or 'required'")
+    # Its format is checked by dashboard.auth (a malformed hash means nobody can sign in).
+    password_hash: SecretStr | None = _setting(
+        None, "TRAINDECK_PASSWORD_HASH", "the hash `python -m dashboard.auth hash` prints"
+    )
+    session_hours: float = _setting(
+        12.0,
+        "TRAINDECK_SESSION_HOURS",
+        "a number of hours greater than 0 (at most 8760, a year)",
+        gt=0,
+        le=MAX_SESSION_HOURS,
+        allow_inf_nan=False,
+    )
+    allowed_users: Annotated[frozenset[str], NoDecode] = _setting(
+        frozenset(),
+        "TRAINDECK_ALLOWED_USERS",
+        "e-mail addresses and @domains, separated by commas or spaces",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _blank_is_unset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        stripped = {
+            key: value.strip() if isinstance(value, str) else value for key, value in data.items()
+        }
+        return {key: value for key, value in stripped.items() if value != ""}
+
+    @field_validator("auth", mode="before")
+    @classmethod
+    def _lower_case(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("dataset_roots", mode="before")
+    @classmethod
+    def _split_paths(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(entry.strip() for entry in value.split(os.pathsep) if entry.strip())
+        return value
+
+    @field_validator("allowed_users", mode="before")
+    @classmethod
+    def _split_users(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        entries = {entry.lower() for entry in value.replace(",", " ").split()}
+        if not all(_EMAIL_OR_DOMAIN.match(entry) for entry in entries):
+            # An entry without an @ would match nobody, silently.
+            raise ValueError("not e-mail addresses and @domains")
+        return frozenset(entries)
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        # The rest is parsed by db.engine, whose DatabaseUrlError is a SettingsError too.
+        if not _DATABASE_URL.match(value.get_secret_value()):
+            raise ValueError("not a database URL")
+        return value
+
+
+VARIABLES: dict[str, str] = {
+    str(field.validation_alias): name for name, field in Settings.model_fields.items()
+}
+SECRETS = frozenset({"DATABASE_URL", "TRAINDECK_PASSWORD_HASH"})
+
+
+def shown_value(variable: str, value: str) -> str:
+    """How an error shows `value`: quoted, a URL's password masked, a password hash never."""
+    if variable == "TRAINDECK_PASSWORD_HASH":
+        return "(hidden)"
+    if variable in SECRETS:
+        return repr(mask_passwords(value))
+    return repr(value)
+
+
+def accepts(variable: str) -> str:
+    """What `variable` accepts, in words."""
+    return Settings.model_fields[VARIABLES[variable]].description or "another value"
+
+
+def problem(variable: str, value: str) -> str:
+    """The one line that says `variable`'s `value` cannot be used."""
+    return f"{variable}={shown_value(variable, value)} is not valid: {accepts(variable)}"
+
+
+def _message(exc: ValidationError) -> str:
+    lines: list[str] = []
+    for error in exc.errors():
+        variable = str(error["loc"][0]) if error["loc"] else ""
+        if variable not in VARIABLES:
+            lines.append(error["msg"])
+            continue
+        raw = os.environ.get(variable)
+        line = problem(variable, raw if raw is not None else str(error.get("input", "")))
+        if line not in lines:
+            lines.append(line)
+    return "; ".join(lines)
+
+
+_cache: dict[tuple[str | None, ...], Settings] = {}
+_CACHE_ENTRIES = 16
+
+
+def _environment() -> tuple[str | None, ...]:
+    return tuple(os.environ.get(variable) for variable in VARIABLES)
+
+
+def settings() -> Settings:
+    """The settings in the environment now, or a SettingsError (one line) for a bad value."""
+    key = _environment()
+    found = _cache.get(key)
+    if found is not None:
+        return found
+    try:
+        current = Settings()
+    except ValidationError as exc:
+        raise SettingsError(_message(exc)) from None
+    if _environment() == key:  # not changed while it was read
+        if len(_cache) >= _CACHE_ENTRIES:
+            _cache.clear()
+        _cache[key] = current
+    return current
