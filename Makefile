@@ -7,24 +7,50 @@ BIN := $(VENV)/bin
 # pip on some machines warns about every missing local index folder; keep the real output.
 PIP_INSTALL = $(BIN)/python -m pip install --quiet --disable-pip-version-check
 QUIET_PIP = { grep -v "is ignored: it is neither a file nor a directory" || true; }
+# requirements*.txt are the human-edited inputs (floors); requirements*.lock pin every package
+# that installs. Each lock is compiled against the one before it, so all three agree.
+PIP_COMPILE = CUSTOM_COMPILE_COMMAND="make lock" $(BIN)/pip-compile --quiet --strip-extras \
+	--no-emit-index-url --no-emit-find-links $(LOCK_ARGS)
 
-.PHONY: run test check lint format bench venv clean-data
+.PHONY: run test check lint format bench venv clean-data lock lock-check
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "traindeck needs Python 3.11, found " + sys.version.split()[0]'
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed-run: requirements.txt pyproject.toml | $(BIN)/python
-	$(PIP_INSTALL) -r requirements.txt 2>&1 | $(QUIET_PIP)
+$(VENV)/.installed-run: requirements.lock pyproject.toml | $(BIN)/python
+	$(PIP_INSTALL) -r requirements.lock 2>&1 | $(QUIET_PIP)
 	$(PIP_INSTALL) --no-deps -e . 2>&1 | $(QUIET_PIP)
 	touch $@
 
-$(VENV)/.installed-dev: requirements.txt requirements-dev.txt pyproject.toml | $(BIN)/python
-	$(PIP_INSTALL) -r requirements-dev.txt 2>&1 | $(QUIET_PIP)
+$(VENV)/.installed-dev: requirements-dev.lock pyproject.toml | $(BIN)/python
+	$(PIP_INSTALL) -r requirements-dev.lock 2>&1 | $(QUIET_PIP)
 	$(PIP_INSTALL) --no-deps -e . 2>&1 | $(QUIET_PIP)
 	touch $@ $(VENV)/.installed-run
 
+# bench/peers.py's MLflow, TensorBoard and W&B: only `make bench` installs them.
+$(VENV)/.installed-bench: requirements-bench.lock pyproject.toml | $(BIN)/python
+	$(PIP_INSTALL) -r requirements-bench.lock 2>&1 | $(QUIET_PIP)
+	$(PIP_INSTALL) --no-deps -e . 2>&1 | $(QUIET_PIP)
+	touch $@ $(VENV)/.installed-dev $(VENV)/.installed-run
+
 venv: $(VENV)/.installed-run
+
+## lock: re-resolve requirements*.lock from requirements*.txt, keeping every pin that still fits
+##       (LOCK_ARGS=--upgrade moves every pin to the newest release the floors allow)
+lock: | $(BIN)/python
+	$(BIN)/pip-compile --version >/dev/null 2>&1 \
+		|| $(PIP_INSTALL) -c requirements-dev.lock pip-tools 2>&1 | $(QUIET_PIP)
+	$(PIP_COMPILE) --output-file requirements.lock requirements.txt 2>&1 | $(QUIET_PIP)
+	$(PIP_COMPILE) -c requirements.lock --output-file requirements-dev.lock \
+		requirements-dev.txt 2>&1 | $(QUIET_PIP)
+	$(PIP_COMPILE) -c requirements-dev.lock --output-file requirements-bench.lock \
+		requirements-bench.txt 2>&1 | $(QUIET_PIP)
+	$(BIN)/python tools/lockcheck.py
+
+## lock-check: fail when a requirements*.lock no longer matches its requirements*.txt (no network)
+lock-check: | $(BIN)/python
+	$(BIN)/python tools/lockcheck.py
 
 ## run: install, migrate, write the built-in dataset, start dashboard + worker (Procfile)
 run: $(VENV)/.installed-run
@@ -41,7 +67,7 @@ check: lint
 	$(BIN)/python -m pytest -m "not slow" -q $(PYTEST_ARGS)
 
 ## lint: style, formatting and the rules of the house (.importlinter)
-lint: $(VENV)/.installed-dev
+lint: lock-check $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
@@ -51,5 +77,5 @@ format: $(VENV)/.installed-dev
 	$(BIN)/ruff check --fix .
 
 ## bench: every benchmark under bench/ (prints ratios; never fails on timing)
-bench: $(VENV)/.installed-dev
+bench: $(VENV)/.installed-bench
 	for script in bench/*.py; do $(BIN)/python $$script; done
