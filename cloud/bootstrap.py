@@ -1,10 +1,12 @@
 """The startup script that turns a fresh TPU VM into a traindeck worker.
 
-Google runs a node's `startup-script` metadata as root at every boot of every host. Ours
-installs Python 3.11, brings traindeck onto the VM (a git repository or a tarball), installs
-the pinned stack from traindeck's requirements.txt plus `torch_xla[tpu]` (which brings libtpu),
-and starts `python -m worker --worker-id tpu-<node name>` under systemd with `PJRT_DEVICE=TPU`
-and the shared `DATABASE_URL`. It is idempotent: a reboot (a stop and start of the node)
+The VM is a single host: `cloud.tpu` refuses an accelerator type whose slice spans several
+hosts, since every host of such a slice would have to run the same program. Google runs a
+node's `startup-script` metadata as root at every boot. Ours installs Python 3.11, brings
+traindeck onto the VM (a git repository or a tarball), installs the pinned stack from
+traindeck's requirements.txt plus `torch_xla[tpu]` (which brings libtpu), and starts
+`python -m worker --worker-id tpu-<node name>` under systemd with `PJRT_DEVICE=TPU` and the
+shared `DATABASE_URL`. It is idempotent: a reboot (a stop and start of the node)
 reuses the virtual environment while requirements.txt is unchanged, and updates the code.
 
 The script is a fixed body that reads a few variables set at its top; the values are checked
@@ -131,7 +133,7 @@ def build_startup_script(settings: BootstrapSettings) -> str:
     header = (
         "#!/bin/bash\n"
         f"# traindeck worker bootstrap for the TPU VM {settings.node_name}, written by the\n"
-        "# traindeck dashboard. Google runs it as root at every boot of every host.\n"
+        "# traindeck dashboard, for a single-host TPU VM. Google runs it as root at every boot.\n"
         "# Its log: /var/log/traindeck-bootstrap.log; the worker's: journalctl -u "
         "traindeck-worker\n"
     )
@@ -144,7 +146,6 @@ SRC="$BASE/src"
 VENV="$BASE/venv"
 ENV_FILE=/etc/traindeck/worker.env
 UNIT_FILE=/etc/systemd/system/traindeck-worker.service
-METADATA=http://metadata.google.internal/computeMetadata/v1/instance/attributes
 
 install_system_packages() {
     if command -v python3.11 >/dev/null && python3.11 -c 'import ensurepip' 2>/dev/null \
@@ -236,13 +237,6 @@ main() {
     set -euo pipefail
     exec >>/var/log/traindeck-bootstrap.log 2>&1
     echo "== traindeck bootstrap of $WORKER_ID, $(date -Is)"
-    # A slice of several hosts runs this script on each; one worker drives the slice, on host 0.
-    local host_number
-    host_number=$(curl -sf -H 'Metadata-Flavor: Google' "$METADATA/agent-worker-number" || echo 0)
-    if [ "$host_number" != "0" ]; then
-        echo "host $host_number of a multi-host slice: the traindeck worker runs on host 0"
-        return 0
-    fi
     install_system_packages
     fetch_source
     install_python_stack

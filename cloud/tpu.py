@@ -12,6 +12,11 @@ Configuration (environment):
 - `TRAINDECK_TPU_PROJECT` (else `GOOGLE_CLOUD_PROJECT`, else the credentials' project) and
   `TRAINDECK_TPU_ZONE`: what the page starts with.
 
+Single hosts only, for now: a node's accelerator type is looked up in the zone through the API
+(`AcceleratorType.accelerator_configs[].topology`), and a type whose slice spans several TPU VM
+hosts is refused before anything is created. Every host of such a slice would have to run the
+same program, and traindeck runs one job in one process on one host.
+
 Preemption: a node in one of `LOST_STATES` no longer runs its worker, so
 `recover_jobs_of_lost_nodes` puts that worker's running jobs back in the queue at once (they
 resume from their checkpoints elsewhere) with a job event saying why.
@@ -84,6 +89,22 @@ RUNTIME_VERSION_FOR = {
 }
 COMMON_ACCELERATOR_TYPES = ("v2-8", "v3-8", "v4-8", "v5litepod-8", "v5p-8", "v6e-8")
 
+# How many chips one TPU VM holds, by generation (`AcceleratorConfig.Type`). Cloud TPU docs,
+# "Supported configurations" of each version (cloud.google.com/tpu/docs/v4, v5p, v5e, v6e, and
+# system-architecture-tpu-vm): a v2, v3, v4 or v5p host has 4 chips (v4-8 is 2x2x1, one host;
+# v5p 2x2x2 is 8 chips on 2 hosts). A v5e or v6e VM holds up to 8 chips (v5litepod-8 and v6e-8
+# are 2x4 on one VM), but a larger slice is built of 4-chip VMs (v6e table: 4x4 = 16 chips on
+# 4 VMs, ct6e-standard-4t), and every one of those VMs runs the startup script.
+SINGLE_HOST_MAX_CHIPS = {
+    tpu_v2.AcceleratorConfig.Type.V2: 4,
+    tpu_v2.AcceleratorConfig.Type.V3: 4,
+    tpu_v2.AcceleratorConfig.Type.V4: 4,
+    tpu_v2.AcceleratorConfig.Type.V5P: 4,
+    tpu_v2.AcceleratorConfig.Type.V5LITE_POD: 8,
+    tpu_v2.AcceleratorConfig.Type.V6E: 8,
+}
+CHIPS_PER_HOST_OF_A_SLICE = 4
+
 HOW_TO_SET_CREDENTIALS = (
     "To manage TPU VMs here, give the dashboard Google Cloud credentials with the role "
     "TPU Admin (`roles/tpu.admin`), in one of these ways, then press *Check again*:\n"
@@ -106,6 +127,10 @@ class CredentialsMissing(TpuError):
 
 class NodeRequestError(TpuError):
     """A node to create is described wrongly; the message lists every problem."""
+
+
+class AcceleratorTypeRefused(NodeRequestError):
+    """The zone does not offer the accelerator type, or traindeck cannot run on it (yet)."""
 
 
 # --- where the API is, and who we are -------------------------------------------------------
@@ -368,6 +393,71 @@ def request_from_node(node: NodeInfo) -> NodeRequest:
     )
 
 
+@dataclass(frozen=True)
+class AcceleratorShape:
+    """An accelerator type as the zone offers it: its topology, chips and TPU VM hosts."""
+
+    type: str
+    topology: str
+    chips: int
+    hosts: int
+
+    @property
+    def single_host(self) -> bool:
+        return self.hosts == 1
+
+
+def accelerator_shape(item: tpu_v2.AcceleratorType) -> AcceleratorShape | None:
+    """The chips and hosts of `item`, from its topology ("2x2x4": 16 chips); None when the API
+    gives no topology to count them from."""
+    shapes = []
+    for config in item.accelerator_configs:
+        dimensions = config.topology.lower().split("x")
+        if not all(d.isdigit() and int(d) > 0 for d in dimensions):
+            continue
+        chips = 1
+        for dimension in dimensions:
+            chips *= int(dimension)
+        largest_single_host = SINGLE_HOST_MAX_CHIPS.get(config.type_, CHIPS_PER_HOST_OF_A_SLICE)
+        hosts = 1 if chips <= largest_single_host else -(-chips // CHIPS_PER_HOST_OF_A_SLICE)
+        shapes.append(AcceleratorShape(item.type_, config.topology, chips, hosts))
+    # Several configs of one type have the same chips; the most hosts is the cautious answer.
+    return max(shapes, key=lambda shape: shape.hosts, default=None)
+
+
+def accelerator_type_refusal(
+    accelerator_type: str, zone: str, offered: dict[str, AcceleratorShape | None]
+) -> str | None:
+    """Why traindeck will not create a node of `accelerator_type` in `zone`, whose offered
+    types are `offered` (None: it may)."""
+    single_host = [name for name, shape in offered.items() if shape and shape.single_host]
+    if accelerator_type not in offered:
+        choices = ", ".join(sorted(single_host, key=_accelerator_order)) or "none"
+        return (
+            f"The accelerator type {accelerator_type} is not offered in {zone}; single-host "
+            f"types offered there: {choices}."
+        )
+    shape = offered[accelerator_type]
+    if shape is None:
+        return (
+            f"The Cloud TPU API gives no topology for {accelerator_type} in {zone}, so its "
+            "number of hosts is unknown; traindeck creates single-host types only for now."
+        )
+    if shape.single_host:
+        return None
+    generation = accelerator_type.rsplit("-", 1)[0]
+    same_generation = [name for name in single_host if name.rsplit("-", 1)[0] == generation]
+    suggestion = max(same_generation or single_host, key=_accelerator_order, default=None)
+    pick = f"pick a single-host type such as {suggestion}"
+    if suggestion is None:
+        pick = f"{zone} offers no single-host type"
+    return (
+        f"{accelerator_type} is a multi-host slice ({shape.hosts} hosts, {shape.chips} chips "
+        f"in a {shape.topology} topology); traindeck runs one job on one TPU VM host for now; "
+        f"{pick}."
+    )
+
+
 def suggested_runtime_version(accelerator_type: str) -> str:
     generation = accelerator_type.split("-", 1)[0]
     return RUNTIME_VERSION_FOR.get(generation, "tpu-ubuntu2204-base")
@@ -550,15 +640,37 @@ class TpuVms:
             )
             return sorted({item.type_ for item in pages if item.type_}, key=_accelerator_order)
 
+    def accelerator_shapes(self) -> dict[str, AcceleratorShape | None]:
+        """Every accelerator type the zone offers, with its chips and hosts when the API gives
+        its topology."""
+        with self._calling(f"listing the accelerator types of {self.zone}"):
+            pages = self.client.list_accelerator_types(
+                parent=self.parent, timeout=REQUEST_TIMEOUT_S
+            )
+            found = {item.type_: accelerator_shape(item) for item in pages if item.type_}
+        return {name: found[name] for name in sorted(found, key=_accelerator_order)}
+
+    def check_request(self, request: NodeRequest) -> None:
+        """Raise `NodeRequestError` naming every problem of `request`, then
+        `AcceleratorTypeRefused` if the zone does not offer its accelerator type or that type
+        spans several hosts. Calls the API once (the zone's accelerator types)."""
+        problems = request.problems()
+        if problems:
+            raise NodeRequestError("\n".join(problems))
+        refusal = accelerator_type_refusal(
+            request.accelerator_type, self.zone, self.accelerator_shapes()
+        )
+        if refusal:
+            raise AcceleratorTypeRefused(refusal)
+
     def list_runtime_versions(self) -> list[str]:
         with self._calling(f"listing the runtime versions of {self.zone}"):
             pages = self.client.list_runtime_versions(parent=self.parent, timeout=REQUEST_TIMEOUT_S)
             return sorted({item.version for item in pages if item.version})
 
     def create_node(self, request: NodeRequest) -> OperationStatus:
-        problems = request.problems()
-        if problems:
-            raise NodeRequestError("\n".join(problems))
+        """Create the node of `request`, once `check_request` finds nothing against it."""
+        self.check_request(request)
         with self._calling(f"creating TPU VM {request.name}"):
             operation = self.client.create_node(
                 parent=self.parent,

@@ -1,16 +1,19 @@
 """The TPU VMs page: the Cloud TPU VMs of a project and zone, with the traindeck worker on each;
 create one (its startup script makes it a worker), start, stop, delete or recreate one.
 
-Destructive actions ask for a confirmation. Each long-running operation started here is
-followed until it ends. On every refresh of the node list (every few seconds while the page is
-open) the running jobs of a node that was preempted, terminated or stopped go back to the
-queue at once; `python -m cloud.watch` does the same when nobody has the page open.
+Single-host accelerator types only, for now: a multi-host slice (the zone's API says how many
+hosts a type has) is refused with the reason, and nothing is created or deleted. Destructive
+actions ask for a confirmation. Each long-running operation started here is followed until it
+ends. On every refresh of the node list (every few seconds while the page is open) the running
+jobs of a node that was preempted, terminated or stopped go back to the queue at once;
+`python -m cloud.watch` does the same when nobody has the page open.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -26,14 +29,17 @@ from cloud.bootstrap import (
 from cloud.tpu import (
     COMMON_ACCELERATOR_TYPES,
     CREDENTIALS_ENV,
+    AcceleratorShape,
     CredentialsMissing,
     FoundCredentials,
     NodeInfo,
     NodeRequest,
+    NodeRequestError,
     OperationStatus,
     Recovery,
     TpuError,
     TpuVms,
+    accelerator_type_refusal,
     api_endpoint,
     default_project,
     default_zone,
@@ -45,6 +51,7 @@ from cloud.tpu import (
     suggested_runtime_version,
 )
 from common import config
+from dashboard.format import plain
 from dashboard.state import get_engine
 from db import queue
 from db.engine import DatabaseError, Engine
@@ -92,17 +99,30 @@ def _client(endpoint: str, source: str, credentials_id: int, _found: FoundCreden
 
 
 @st.cache_data(ttl=3600, show_spinner=False)
-def _zone_offer(_vms: TpuVms, endpoint: str, project: str, zone: str) -> tuple[list, list]:
-    """Accelerator types and runtime versions offered in the zone (a failure is not cached)."""
-    return _vms.list_accelerator_types(), _vms.list_runtime_versions()
+def _zone_offer(_vms: TpuVms, endpoint: str, project: str, zone: str) -> tuple[dict, list]:
+    """Accelerator types (with their hosts) and runtime versions offered in the zone (a failure
+    is not cached)."""
+    return _vms.accelerator_shapes(), _vms.list_runtime_versions()
 
 
-def _zone_choices(vms: TpuVms) -> tuple[list[str], list[str], str | None]:
+def _zone_choices(
+    vms: TpuVms,
+) -> tuple[dict[str, AcceleratorShape | None], list[str], str | None]:
     try:
-        types, versions = _zone_offer(vms, vms.endpoint, vms.project, vms.zone)
+        shapes, versions = _zone_offer(vms, vms.endpoint, vms.project, vms.zone)
     except TpuError as exc:
-        return [], [], str(exc)
-    return types, versions, None
+        return {}, [], str(exc)
+    return shapes, versions, None
+
+
+def _type_label(shapes: dict[str, AcceleratorShape | None]) -> Callable[[str], str]:
+    def label(accelerator_type: str) -> str:
+        shape = shapes.get(accelerator_type)
+        if shape is not None and not shape.single_host:
+            return f"{accelerator_type} ({shape.hosts} hosts: not supported yet)"
+        return accelerator_type
+
+    return label
 
 
 # --- small helpers --------------------------------------------------------------------------
@@ -287,9 +307,11 @@ def _confirm(vms: TpuVms, engine: Engine, node: NodeInfo) -> None:
             _requeue_jobs_of_deleted_node(engine, node)
         else:
             request = request_from_node(node)
-            problems = request.problems()
-            if problems:
-                st.error(f"{node.name} cannot be created again as it is: " + " ".join(problems))
+            try:
+                vms.check_request(request)  # before the delete: a refused node stays as it is
+            except NodeRequestError as exc:
+                message = " ".join(str(exc).splitlines())
+                st.error(plain(f"{node.name} cannot be created again as it is: {message}"))
                 return
             _remember_operation(vms.delete_node(node.name), then=request)
             _requeue_jobs_of_deleted_node(engine, node)
@@ -398,19 +420,26 @@ def _bootstrap_settings(name: str) -> BootstrapSettings:
     )
 
 
-def _machine_inputs(vms: TpuVms) -> dict[str, Any]:
-    types, versions, problem = _zone_choices(vms)
+def _machine_inputs(vms: TpuVms) -> tuple[dict[str, Any], str | None]:
+    """What the person chose, and why traindeck refuses the accelerator type (None if not)."""
+    shapes, versions, problem = _zone_choices(vms)
     if problem:
         st.caption(f"The zone's accelerator types and runtime versions are unknown: {problem}")
-    types = types or list(COMMON_ACCELERATOR_TYPES)
+    types = list(shapes) or list(COMMON_ACCELERATOR_TYPES)
     name_column, type_column, runtime_column = st.columns(3)
     name = name_column.text_input("Name", key="tpu_new_name", placeholder="traindeck-v4-1")
     accelerator_type = type_column.selectbox(
         "Accelerator type",
         types,
         index=types.index("v4-8") if "v4-8" in types else 0,
+        format_func=_type_label(shapes),
         key="tpu_new_type",
+        help="Single-host types only, for now: every host of a multi-host slice would have "
+        "to run the same program.",
     )
+    refusal = accelerator_type_refusal(accelerator_type, vms.zone, shapes) if shapes else None
+    if refusal:
+        st.error(plain(refusal), icon=":material/block:")
     suggested = suggested_runtime_version(accelerator_type)
     if versions:
         runtime_version = runtime_column.selectbox(
@@ -441,7 +470,7 @@ def _machine_inputs(vms: TpuVms) -> dict[str, Any]:
     network_column, subnetwork_column = st.columns(2)
     network = network_column.text_input("Network", value="default", key="tpu_new_network")
     subnetwork = subnetwork_column.text_input("Subnetwork (optional)", key="tpu_new_subnetwork")
-    return {
+    machine = {
         "name": name.strip(),
         "accelerator_type": accelerator_type,
         "runtime_version": runtime_version.strip(),
@@ -450,13 +479,14 @@ def _machine_inputs(vms: TpuVms) -> dict[str, Any]:
         "network": network.strip(),
         "subnetwork": subnetwork.strip(),
     }
+    return machine, refusal
 
 
 def create_section(vms: TpuVms) -> None:
     @st.fragment
     def show() -> None:
         st.subheader("Create a TPU VM")
-        machine = _machine_inputs(vms)
+        machine, refusal = _machine_inputs(vms)
         settings = _bootstrap_settings(machine["name"])
         problems = settings.problems()
         script = ""
@@ -479,12 +509,14 @@ def create_section(vms: TpuVms) -> None:
                 "The script, database URL included, is stored in the node's metadata: anyone "
                 "who may view the node can read it."
             )
-        if st.button("Create", key="tpu_create", type="primary", disabled=bool(problems)):
+        disabled = bool(problems or refusal)
+        if st.button("Create", key="tpu_create", type="primary", disabled=disabled):
             request = NodeRequest(startup_script=script, **machine)
             try:
+                # Checks the accelerator type again, in the zone's current offer.
                 _remember_operation(vms.create_node(request))
             except TpuError as exc:
-                st.error(str(exc))
+                st.error(plain(exc))
                 return
             st.rerun()
 

@@ -7,6 +7,10 @@ a create, delete, start or stop answers an `Operation` whose `metadata` is an
 `OperationMetadata`, and a later GET of the operation finishes it, changing the node's state.
 Errors have Google's shape: `{"error": {"code", "message", "status", "details"}}`.
 
+Accelerator types come with their `acceleratorConfigs` (the chip generation and the topology,
+as the real API lists them: v4-8 is `{"type": "V4", "topology": "2x2x1"}`); `ACCELERATOR_TYPES`
+holds single-host and multi-host types of every generation, and a test may give its own.
+
 Tests steer it: `add_node` (nodes that exist already), `set_state` (e.g. PREEMPTED),
 `fail_next` (the next request of one kind answers an HTTP error), `fail_next_operation` (the
 next operation finishes with an error, like a zone out of capacity), `polls_until_done`.
@@ -41,6 +45,11 @@ ROUTES = (
     ("POST", re.compile(rf"^/v2/{_NODE}:stop$"), "stop"),
     ("GET", re.compile(rf"^/v2/{_LOCATION}/operations/(?P<operation>[^/:]+)$"), "operation"),
     ("GET", re.compile(rf"^/v2/{_LOCATION}/acceleratorTypes$"), "accelerator_types"),
+    (
+        "GET",
+        re.compile(rf"^/v2/{_LOCATION}/acceleratorTypes/(?P<accelerator_type>[^/:]+)$"),
+        "accelerator_type",
+    ),
     ("GET", re.compile(rf"^/v2/{_LOCATION}/runtimeVersions$"), "runtime_versions"),
 )
 # What an operation turns its node into while it runs, and once it is done.
@@ -52,6 +61,26 @@ TRANSITIONS = {
 }
 STATES_ALLOWED = {"start": {"STOPPED"}, "stop": {"READY"}}
 NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+# Accelerator type → (AcceleratorConfig.Type, topology), from the Cloud TPU docs' tables of
+# supported configurations. Single host: v2-8, v3-8, v4-8, v5litepod-1/-4/-8, v5p-8, v6e-8.
+ACCELERATOR_TYPES: dict[str, tuple[str, str]] = {
+    "v2-8": ("V2", "2x2"),
+    "v2-32": ("V2", "4x4"),
+    "v3-8": ("V3", "2x2"),
+    "v3-32": ("V3", "4x4"),
+    "v4-8": ("V4", "2x2x1"),
+    "v4-16": ("V4", "2x2x2"),
+    "v4-32": ("V4", "2x2x4"),
+    "v5litepod-1": ("V5LITE_POD", "1x1"),
+    "v5litepod-4": ("V5LITE_POD", "2x2"),
+    "v5litepod-8": ("V5LITE_POD", "2x4"),
+    "v5litepod-16": ("V5LITE_POD", "4x4"),
+    "v5litepod-32": ("V5LITE_POD", "4x8"),
+    "v5p-8": ("V5P", "2x2x1"),
+    "v5p-16": ("V5P", "2x2x2"),
+    "v6e-8": ("V6E", "2x4"),
+    "v6e-16": ("V6E", "4x4"),
+}
 HTTP_STATUS_NAMES = {
     400: "INVALID_ARGUMENT",
     401: "UNAUTHENTICATED",
@@ -140,8 +169,8 @@ class FakeTpuApi:
 
     polls_until_done: int = 1
     page_size: int = 50
-    accelerator_types: list[str] = field(
-        default_factory=lambda: ["v2-8", "v3-8", "v4-8", "v5litepod-8", "v5litepod-16"]
+    accelerator_types: dict[str, tuple[str, str]] = field(
+        default_factory=lambda: dict(ACCELERATOR_TYPES)
     )
     runtime_versions: list[str] = field(
         default_factory=lambda: ["tpu-ubuntu2204-base", "v2-alpha-tpuv5-lite", "tpu-vm-base"]
@@ -219,7 +248,7 @@ class FakeTpuApi:
         self, kind: str, http_status: int, message: str, status: str | None = None
     ) -> None:
         """The next request of `kind` (list, get, create, delete, start, stop, operation,
-        accelerator_types, runtime_versions) answers this error."""
+        accelerator_types, accelerator_type, runtime_versions) answers this error."""
         with self._lock:
             self._errors.setdefault(kind, []).append(ApiError(http_status, message, status))
 
@@ -250,10 +279,16 @@ class FakeTpuApi:
             if kind == "accelerator_types":
                 return {
                     "acceleratorTypes": [
-                        {"name": f"{location}/acceleratorTypes/{t}", "type": t}
-                        for t in self.accelerator_types
+                        self._accelerator_type(location, name) for name in self.accelerator_types
                     ]
                 }
+            if kind == "accelerator_type":
+                name = params["accelerator_type"]
+                if name not in self.accelerator_types:
+                    raise ApiError(
+                        404, f"Resource '{location}/acceleratorTypes/{name}' was not found"
+                    )
+                return self._accelerator_type(location, name)
             if kind == "runtime_versions":
                 return {
                     "runtimeVersions": [
@@ -276,6 +311,14 @@ class FakeTpuApi:
                 )
             return self._start_operation(location, kind, node)
 
+    def _accelerator_type(self, location: str, name: str) -> dict[str, Any]:
+        generation, topology = self.accelerator_types[name]
+        return {
+            "name": f"{location}/acceleratorTypes/{name}",
+            "type": name,
+            "acceleratorConfigs": [{"type": generation, "topology": topology}],
+        }
+
     def _list(self, location: str, query: dict[str, list[str]]) -> dict[str, Any]:
         nodes = [node for name, node in sorted(self.nodes.items()) if name.startswith(location)]
         start = int(query.get("pageToken", ["0"])[0] or 0)
@@ -296,6 +339,9 @@ class FakeTpuApi:
             raise ApiError(400, "Missing accelerator type")
         if not body.get("runtimeVersion"):
             raise ApiError(400, "Missing runtime version")
+        accelerator_type = body.get("acceleratorType")
+        if accelerator_type and accelerator_type not in self.accelerator_types:
+            raise ApiError(400, f"Accelerator type '{accelerator_type}' is not available in zone")
         name = f"{location}/nodes/{node_id}"
         if name in self.nodes:
             raise ApiError(409, f"Resource '{name}' already exists")

@@ -211,3 +211,33 @@ def test_the_worker_service_runs_python_m_worker_with_the_shared_database(tmp_pa
     assert f"WorkingDirectory={tmp_path}/opt/src\n" in unit
     assert "Restart=on-failure" in unit
     assert (tmp_path / "data").is_dir()
+
+
+def test_the_script_serves_one_host_and_claims_nothing_about_slices(tmp_path: Path):
+    """Every host of a multi-host slice would have to run the same program, so there is no
+    "worker on host 0" logic: cloud.tpu refuses such types, and the script runs every step."""
+    script = build_startup_script(_settings()).replace(
+        "/var/log/traindeck-bootstrap.log", str(tmp_path / "bootstrap.log")
+    )
+    assert "host 0" not in script and "agent-worker-number" not in script
+    assert "single-host TPU VM" in script.splitlines()[2]
+    steps = (
+        "install_system_packages() { echo install; }; fetch_source() { echo fetch; }\n"
+        "install_python_stack() { echo stack; }; write_worker_service() { echo service; }\n"
+        'systemctl() { echo "systemctl $*"; }; curl() { echo 1; }\n'
+        "main"
+    )
+
+    result = _run_steps(script, steps, tmp_path)
+
+    assert result.returncode == 0, result.stderr
+    log = (tmp_path / "bootstrap.log").read_text().splitlines()
+    assert log[1:] == [
+        "install",
+        "fetch",
+        "stack",
+        "service",
+        "systemctl daemon-reload",
+        "systemctl restart traindeck-worker.service",
+        "== traindeck worker tpu-spot-1 started; follow it: journalctl -u traindeck-worker -f",
+    ]

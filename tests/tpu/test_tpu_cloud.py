@@ -10,9 +10,12 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from google.api_core import exceptions as api_exceptions
 
 from cloud import tpu as tpu_cloud
 from cloud.tpu import (
+    AcceleratorShape,
+    AcceleratorTypeRefused,
     CredentialsMissing,
     NodeRequest,
     NodeRequestError,
@@ -302,9 +305,143 @@ def test_suggested_runtime_versions():
 def test_zone_choices_come_from_the_api(vms: TpuVms):
     assert vms.list_accelerator_types() == [
         "v2-8",
+        "v2-32",
         "v3-8",
+        "v3-32",
         "v4-8",
+        "v4-16",
+        "v4-32",
+        "v5litepod-1",
+        "v5litepod-4",
         "v5litepod-8",
         "v5litepod-16",
+        "v5litepod-32",
+        "v5p-8",
+        "v5p-16",
+        "v6e-8",
+        "v6e-16",
     ]
     assert "tpu-ubuntu2204-base" in vms.list_runtime_versions()
+
+
+# --- single hosts only, for now (issue 25) --------------------------------------------------
+
+
+def test_hosts_are_counted_from_the_apis_topology(vms: TpuVms):
+    shapes = vms.accelerator_shapes()
+
+    counted = {name: (shape.topology, shape.chips, shape.hosts) for name, shape in shapes.items()}
+    assert counted["v2-8"] == ("2x2", 4, 1)
+    assert counted["v2-32"] == ("4x4", 16, 4)
+    assert counted["v3-8"] == ("2x2", 4, 1)
+    assert counted["v4-8"] == ("2x2x1", 4, 1)
+    assert counted["v4-16"] == ("2x2x2", 8, 2)
+    assert counted["v4-32"] == ("2x2x4", 16, 4)
+    assert counted["v5litepod-1"] == ("1x1", 1, 1)
+    assert counted["v5litepod-8"] == ("2x4", 8, 1), "a v5e VM holds up to 8 chips"
+    assert counted["v5litepod-16"] == ("4x4", 16, 4), "a v5e slice is made of 4-chip VMs"
+    assert counted["v5litepod-32"] == ("4x8", 32, 8)
+    assert counted["v5p-8"] == ("2x2x1", 4, 1)
+    assert counted["v5p-16"] == ("2x2x2", 8, 2)
+    assert counted["v6e-8"] == ("2x4", 8, 1)
+    assert counted["v6e-16"] == ("4x4", 16, 4)
+    single = [name for name, shape in shapes.items() if shape.single_host]
+    assert single == [
+        "v2-8",
+        "v3-8",
+        "v4-8",
+        "v5litepod-1",
+        "v5litepod-4",
+        "v5litepod-8",
+        "v5p-8",
+        "v6e-8",
+    ]
+
+
+def test_the_topology_counts_not_the_name(fake_api: FakeTpuApi, vms: TpuVms):
+    fake_api.accelerator_types = {
+        "v4-8": ("V4", "2x2x2"),  # the API, not the name, says how big the slice is
+        "v7-8": ("TYPE_UNSPECIFIED", "2x2x1"),  # a generation unknown here: 4 chips a host
+        "v7-16": ("TYPE_UNSPECIFIED", "2x2x2"),
+    }
+
+    shapes = vms.accelerator_shapes()
+
+    assert shapes["v4-8"] == AcceleratorShape("v4-8", "2x2x2", 8, 2)
+    assert shapes["v7-8"].hosts == 1 and shapes["v7-16"].hosts == 2
+    with pytest.raises(AcceleratorTypeRefused, match=r"^v4-8 is a multi-host slice \(2 hosts"):
+        vms.create_node(_request())
+    assert fake_api.requests_of("POST") == []
+
+
+def test_a_single_host_type_is_created(fake_api: FakeTpuApi, vms: TpuVms):
+    started = vms.create_node(_request(accelerator_type="v4-8"))
+
+    assert started.target_name == "trainer-1"
+    listed, created = fake_api.requests
+    assert (listed.method, listed.path.rsplit("/", 1)[-1]) == ("GET", "acceleratorTypes")
+    assert created.method == "POST" and created.body["acceleratorType"] == "v4-8"
+
+
+@pytest.mark.parametrize(
+    ("accelerator_type", "hosts", "chips", "topology", "instead"),
+    [
+        ("v4-32", 4, 16, "2x2x4", "v4-8"),
+        ("v4-16", 2, 8, "2x2x2", "v4-8"),
+        ("v5litepod-16", 4, 16, "4x4", "v5litepod-8"),
+        ("v6e-16", 4, 16, "4x4", "v6e-8"),
+        ("v2-32", 4, 16, "4x4", "v2-8"),
+    ],
+)
+def test_a_multi_host_type_is_refused_with_its_host_count(
+    fake_api: FakeTpuApi, vms: TpuVms, accelerator_type, hosts, chips, topology, instead
+):
+    with pytest.raises(AcceleratorTypeRefused) as caught:
+        vms.create_node(_request(accelerator_type=accelerator_type))
+
+    assert str(caught.value) == (
+        f"{accelerator_type} is a multi-host slice ({hosts} hosts, {chips} chips in a "
+        f"{topology} topology); traindeck runs one job on one TPU VM host for now; pick a "
+        f"single-host type such as {instead}."
+    )
+    assert fake_api.requests_of("POST") == [], "no create call"
+    assert fake_api.nodes == {}
+
+
+def test_a_type_the_zone_does_not_offer_is_refused(fake_api: FakeTpuApi, vms: TpuVms):
+    # What us-central2-b offers: TPU v4 only.
+    fake_api.accelerator_types = {
+        name: shape for name, shape in fake_api.accelerator_types.items() if name[:3] == "v4-"
+    }
+
+    for unknown in ("v5litepod-8", "v9-8"):
+        with pytest.raises(AcceleratorTypeRefused) as caught:
+            vms.create_node(_request(accelerator_type=unknown))
+        assert str(caught.value) == (
+            f"The accelerator type {unknown} is not offered in {ZONE}; single-host types "
+            "offered there: v4-8."
+        )
+
+    fake_api.accelerator_types = {"v4-32": ("V4", "2x2x4")}
+    with pytest.raises(AcceleratorTypeRefused, match=f"{ZONE} offers no single-host type.$"):
+        vms.create_node(_request(accelerator_type="v4-32"))
+    assert fake_api.requests_of("POST") == []
+
+
+def test_a_type_without_a_topology_is_refused(fake_api: FakeTpuApi, vms: TpuVms):
+    fake_api.accelerator_types = {"v4-8": ("V4", "")}
+
+    assert vms.accelerator_shapes() == {"v4-8": None}
+    with pytest.raises(AcceleratorTypeRefused, match=r"gives no topology for v4-8 in us-"):
+        vms.create_node(_request())
+    assert fake_api.requests_of("POST") == []
+
+
+def test_the_fake_answers_a_single_accelerator_type_as_the_api_does(vms: TpuVms):
+    found = vms.client.get_accelerator_type(name=f"{vms.parent}/acceleratorTypes/v5litepod-16")
+
+    assert found.type_ == "v5litepod-16"
+    (config,) = found.accelerator_configs
+    assert (config.type_.name, config.topology) == ("V5LITE_POD", "4x4")
+    with pytest.raises(api_exceptions.NotFound):
+        vms.client.get_accelerator_type(name=f"{vms.parent}/acceleratorTypes/v9-8")

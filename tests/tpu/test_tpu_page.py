@@ -12,6 +12,7 @@ from db import queue
 from db.telemetry import events_since
 from db.workers import register_worker, worker_heartbeat
 from tests.support.fake_tpu_api import FakeTpuApi
+from tests.support.markdown import links_and_images, shown
 from tests.support.tpu import PROJECT, ZONE
 
 PAGE = str(Path(__file__).resolve().parents[2] / "dashboard" / "pages" / "tpu_vms.py")
@@ -152,7 +153,9 @@ def test_a_quota_error_is_a_readable_message(page: AppTest, fake_api: FakeTpuApi
     _no_exception(page.run())
 
     (error,) = _texts(page, "error")
-    assert error.startswith("Quota exceeded while creating TPU VM trainer-1: Quota 'TPUV4Pod")
+    assert shown(error).startswith(
+        "Quota exceeded while creating TPU VM trainer-1: Quota 'TPUV4Pod"
+    )
     assert fake_api.nodes == {}
 
 
@@ -285,3 +288,104 @@ def test_an_operation_whose_progress_cannot_be_read_ends_with_a_message(
     assert error.startswith("stop node-1: its progress could not be read 5 times in a row")
     assert "The service is currently unavailable." in error
     assert page.button(key="tpu_clear_operations")
+
+
+# --- single hosts only, for now (issue 25) --------------------------------------------------
+
+
+def test_a_single_host_type_is_the_default_and_is_created(page: AppTest, fake_api: FakeTpuApi):
+    _no_exception(page.run())
+    page.text_input(key="tpu_new_name").set_value("trainer-1")
+    _no_exception(page.run())
+
+    assert page.selectbox(key="tpu_new_type").value == "v4-8"
+    assert _texts(page, "error") == []
+    page.button(key="tpu_create").click()
+    _no_exception(page.run())
+
+    (sent,) = fake_api.requests_of("POST", "/nodes")
+    assert sent.body["acceleratorType"] == "v4-8"
+
+
+@pytest.mark.parametrize(
+    ("accelerator_type", "hosts", "instead"),
+    [("v4-32", 4, "v4-8"), ("v5litepod-16", 4, "v5litepod-8")],
+)
+def test_a_multi_host_type_is_refused_and_nothing_is_created(
+    page: AppTest, fake_api: FakeTpuApi, accelerator_type: str, hosts: int, instead: str
+):
+    _no_exception(page.run())
+    type_box = page.selectbox(key="tpu_new_type")
+    assert f"{accelerator_type} ({hosts} hosts: not supported yet)" in type_box.options
+    assert instead in type_box.options, "a single-host type has no mark"
+    page.text_input(key="tpu_new_name").set_value("trainer-1")
+    type_box.set_value(accelerator_type)
+    _no_exception(page.run())
+
+    (error,) = _texts(page, "error")
+    assert shown(error) == (
+        f"{accelerator_type} is a multi-host slice ({hosts} hosts, 16 chips in a "
+        f"{fake_api.accelerator_types[accelerator_type][1]} topology); traindeck runs one job "
+        f"on one TPU VM host for now; pick a single-host type such as {instead}."
+    )
+    assert page.button(key="tpu_create").disabled  # create_node would refuse it too
+    assert fake_api.requests_of("POST") == [], "the fake API receives no create call"
+    assert fake_api.nodes == {}
+
+
+def test_a_type_the_zone_stopped_offering_is_refused_at_create(page: AppTest, fake_api: FakeTpuApi):
+    _no_exception(page.run())  # the zone's offer is read (and cached) with v4-8 in it
+    page.text_input(key="tpu_new_name").set_value("trainer-1")
+    _no_exception(page.run())
+    del fake_api.accelerator_types["v4-8"]
+
+    page.button(key="tpu_create").click()
+    _no_exception(page.run())
+
+    (error,) = _texts(page, "error")
+    assert shown(error).startswith(
+        "The accelerator type v4-8 is not offered in us-central2-b; single-host types offered "
+        "there: v2-8, v3-8, v5litepod-1,"
+    )
+    assert fake_api.requests_of("POST") == []
+
+
+@pytest.mark.parametrize(
+    ("accelerator_type", "reason"),
+    [
+        ("v4-32", "v4-32 is a multi-host slice (4 hosts, 16 chips in a 2x2x4 topology)"),
+        ("v4-64", "The accelerator type v4-64 is not offered in us-central2-b;"),
+    ],
+)
+def test_recreating_a_refused_node_deletes_nothing(
+    page: AppTest, fake_api: FakeTpuApi, accelerator_type: str, reason: str
+):
+    fake_api.add_node(
+        PROJECT,
+        ZONE,
+        "pod-1",
+        state="PREEMPTED",
+        acceleratorType=accelerator_type,
+        metadata={"startup-script": "#!/bin/bash\necho worker\n"},
+    )
+    _no_exception(page.run())
+    page.button(key="tpu_recreate").click()
+    _no_exception(page.run())
+    page.button(key="tpu_confirm_yes").click()
+    _no_exception(page.run())
+
+    (error,) = _texts(page, "error")
+    assert shown(error).startswith(f"pod-1 cannot be created again as it is: {reason}")
+    assert fake_api.requests_of("DELETE") == [] and fake_api.requests_of("POST") == []
+    assert fake_api.node("pod-1")["state"] == "PREEMPTED"
+
+
+def test_a_refusal_is_shown_as_text(page: AppTest, fake_api: FakeTpuApi):
+    name = "v4-32*[x](http://tracker.example/a.png)"
+    fake_api.accelerator_types = {name: ("V4", "2x2x4")}  # an API that answers anything
+
+    _no_exception(page.run())
+
+    (error,) = _texts(page, "error")
+    assert links_and_images(error) == []
+    assert shown(error).startswith(f"{name} is a multi-host slice (4 hosts,")
