@@ -17,6 +17,7 @@ from db import queue, telemetry
 from db.engine import Engine
 from db.queue import Lease
 from db.telemetry import MetricPoint
+from worker import failpoints
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,10 @@ class TelemetryWriter:
         self._lease = lease
         self._interval = flush_interval_s
         self._lock = threading.Lock()
+        # Held while a pass writes to the database: a test's failpoint waits for it before
+        # it stops the process, so a stopped job never holds a SQLite write lock.
+        self._writing = threading.Lock()
+        failpoints.wait_for_before_stopping(self._writing)
         self._points: list[MetricPoint] = []
         self._events: list[tuple[str, str]] = []
         self._reports: list[tuple[int, dict[str, Any], str]] = []
@@ -174,12 +179,13 @@ class TelemetryWriter:
         done: set[str] = set()
         reports_done = 0
         try:
-            for kind, write in steps:
-                write()
-                if kind == "report":
-                    reports_done += 1
-                else:
-                    done.add(kind)
+            with self._writing:
+                for kind, write in steps:
+                    write()
+                    if kind == "report":
+                        reports_done += 1
+                    else:
+                        done.add(kind)
         except Exception as exc:
             # Put everything back before anything else can fail: a point is never dropped.
             with self._lock:

@@ -23,7 +23,7 @@ print("again", flush=True)
 
 
 def test_an_unarmed_failpoint_does_nothing(monkeypatch):
-    monkeypatch.setattr(failpoints, "_armed", set())
+    monkeypatch.setattr(failpoints, "_armed", {})
     monkeypatch.setattr(os, "kill", lambda *_: pytest.fail("an unarmed failpoint sent a signal"))
     failpoints.failpoint(failpoints.EXPORT_TMP_WRITTEN)
     assert not failpoints.any_armed()
@@ -32,10 +32,25 @@ def test_an_unarmed_failpoint_does_nothing(monkeypatch):
 def test_the_environment_arms_known_failpoints_and_refuses_unknown_ones():
     env = {failpoints.ENV_VAR: f" {failpoints.EXPORT_TMP_WRITTEN},{failpoints.LR_FIND_TMP_SAVED},"}
     armed = failpoints.armed_from(env)
-    assert armed == {failpoints.EXPORT_TMP_WRITTEN, failpoints.LR_FIND_TMP_SAVED}
-    assert failpoints.armed_from({}) == set()
+    assert armed == {failpoints.EXPORT_TMP_WRITTEN: 1, failpoints.LR_FIND_TMP_SAVED: 1}
+    assert failpoints.armed_from({}) == {}
     with pytest.raises(ValueError, match=r"unknown failpoint.*export\.tmp_writen"):
         failpoints.armed_from({failpoints.ENV_VAR: "export.tmp_writen"})
+    nth = failpoints.armed_from({failpoints.ENV_VAR: "checkpoint.uploaded@2"})
+    assert nth == {failpoints.CHECKPOINT_UPLOADED: 2}
+    with pytest.raises(ValueError, match="NAME@N"):
+        failpoints.armed_from({failpoints.ENV_VAR: "checkpoint.uploaded@0"})
+
+
+def test_a_failpoint_armed_for_its_second_passage_lets_the_first_pass(monkeypatch):
+    stops = []
+    monkeypatch.setattr(failpoints, "_armed", {failpoints.CHECKPOINT_UPLOADED: 2})
+    monkeypatch.setattr(os, "kill", lambda *args: stops.append(args))
+    failpoints.failpoint(failpoints.CHECKPOINT_UPLOADED)
+    assert stops == []
+    failpoints.failpoint(failpoints.CHECKPOINT_UPLOADED)
+    failpoints.failpoint(failpoints.CHECKPOINT_UPLOADED)
+    assert len(stops) == 1, "once only"
 
 
 def test_an_armed_failpoint_stops_the_process_there_the_first_time_only():
