@@ -26,7 +26,11 @@ def datasets_dir() -> Path:
 
 
 def remove_job_files(job_id: int) -> None:
+    """The job's folder on this machine and its objects in the store (a deleted job)."""
+    from common import store
+
     shutil.rmtree(job_dir(job_id), ignore_errors=True)
+    store.delete_prefix(store.job_prefix(job_id))
 
 
 def sha256_file(path: Path) -> str:

@@ -1,9 +1,10 @@
-"""Artifact downloads streamed from disk by an HTTP route beside the Streamlit app.
+"""Artifact downloads streamed from the store by an HTTP route beside the Streamlit app.
 
 `st.download_button` keeps the whole file in the server's memory; an exported model can be
 hundreds of megabytes. Instead the job page asks `link_for` for a link: an unguessable token
 that names one recorded file for a limited time. The route (`routes()`, served by the `st.App`
-in `dashboard/app.py`) streams that file in chunks with its SHA-256 in a `Repr-Digest` header.
+in `dashboard/app.py`) streams that object from the store (`common.store`: a bucket or a local
+folder) in chunks of a megabyte, with its SHA-256 in a `Repr-Digest` header.
 Where sign-in is required, the sign-in gate (`dashboard.auth.server.SignInGate`) stands in front
 of this route too, and each link is bound to the sign-in that got it: another browser, or the
 same one after signing out, is refused even with the token.
@@ -12,16 +13,18 @@ same one after signing out, is refused even with the token.
 from __future__ import annotations
 
 import base64
+import os
 import secrets
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import FileResponse, PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from common import store
 from dashboard import auth
 
 ROUTE_PREFIX = "/downloads/"
@@ -32,7 +35,7 @@ MIN_REMAINING_S = 600.0
 
 @dataclass(frozen=True)
 class _Link:
-    path: Path
+    url: str  # a store URL, or a local path in rows from before the store
     file_name: str
     sha256: str
     expires_at: float
@@ -46,20 +49,21 @@ _token_by_file: dict[tuple[str, str, str | None], str] = {}
 _lock = threading.Lock()
 
 
-def link_for(path: Path, file_name: str, sha256: str) -> str:
-    """The URL path that downloads `path` as `file_name`, valid for about an hour.
+def link_for(url: str | os.PathLike, file_name: str, sha256: str) -> str:
+    """The URL path that downloads the object at `url` as `file_name`, valid for about an hour.
 
     Called from a page script: the link works only for the browser signed in as this session.
     """
+    url = str(url)  # a local path, in rows from before the store
     owner = auth.session_identity()
     now = time.monotonic()
-    key = (str(path), sha256, owner)
+    key = (url, sha256, owner)
     with _lock:
         _forget_expired(now)
         token = _token_by_file.get(key)
         if token is None or _links[token].expires_at - now < MIN_REMAINING_S:
             token = secrets.token_urlsafe(24)
-            _links[token] = _Link(path, file_name, sha256, now + LINK_LIFETIME_S, owner)
+            _links[token] = _Link(url, file_name, sha256, now + LINK_LIFETIME_S, owner)
             _token_by_file[key] = token
     return ROUTE_PREFIX + token
 
@@ -68,7 +72,7 @@ def _forget_expired(now: float) -> None:
     for token, link in list(_links.items()):
         if link.expires_at <= now:
             del _links[token]
-            _token_by_file.pop((str(link.path), link.sha256, link.owner), None)
+            _token_by_file.pop((link.url, link.sha256, link.owner), None)
 
 
 def _lookup(token: str) -> _Link | None:
@@ -95,17 +99,31 @@ async def serve_download(request: Request) -> Response:
                 status_code=403,
                 headers={"Cache-Control": "no-store"},
             )
-    if not link.path.is_file():
-        return PlainTextResponse(
-            f"The file {link.file_name} is no longer on this machine.", status_code=410
-        )
+    try:
+        size = await run_in_threadpool(store.size, link.url)
+    except FileNotFoundError:
+        return _gone(link)
+    except store.StoreError as exc:
+        if not await run_in_threadpool(store.exists, link.url):
+            return _gone(link)
+        return PlainTextResponse(f"Cannot read {link.file_name}: {exc}", status_code=502)
     digest = base64.b64encode(bytes.fromhex(link.sha256)).decode("ascii")
-    return FileResponse(
-        link.path,
-        filename=link.file_name,
-        media_type="application/octet-stream",
-        headers={"Repr-Digest": f"sha-256=:{digest}:", "Cache-Control": "no-store"},
+    headers = {
+        "Repr-Digest": f"sha-256=:{digest}:",
+        "Cache-Control": "no-store",
+        "Content-Length": str(size),
+        "Content-Disposition": f'attachment; filename="{link.file_name}"',
+    }
+    if request.method == "HEAD":
+        return Response(media_type="application/octet-stream", headers=headers)
+    return StreamingResponse(
+        store.iter_chunks(link.url), media_type="application/octet-stream", headers=headers
     )
+
+
+def _gone(link: _Link) -> Response:
+    where = "in the store" if store.is_store_url(link.url) else "on this machine"
+    return PlainTextResponse(f"The file {link.file_name} is no longer {where}.", status_code=410)
 
 
 def routes() -> list[Route]:

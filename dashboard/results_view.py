@@ -21,9 +21,10 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from common import store
 from datasets.images import open_image
 from db.engine import Engine
-from db.exports import ArtifactUnavailable, artifact_stat, read_verified, recorded_artifact
+from db.exports import ArtifactUnavailable, gone_message, read_verified, recorded_artifact
 from db.models import Artifact, Result
 from db.queue import JobNotFound, get_job
 from db.results import get_results
@@ -119,11 +120,10 @@ def predictions_csv(predictions: list[list[str]]) -> bytes:
 
 
 @st.cache_resource(max_entries=CACHED_MODELS, show_spinner="Loading the exported model…")
-def _cached_model(
-    path: str, sha256: str, size: int, mtime_ns: int, _artifact: Artifact
-) -> LoadedModel:
-    """Keyed by the file's path, recorded hash, size and time: a file changed on disk makes a
-    new key, so it is read and checked again (and refused) rather than served from memory."""
+def _cached_model(path: str, sha256: str, version: str, _artifact: Artifact) -> LoadedModel:
+    """Keyed by the object's URL, recorded hash and version (size and generation or time): a
+    changed object makes a new key, so it is read and checked again (and refused) rather than
+    served from memory."""
     # fastai takes seconds to import; only a prediction needs it.
     from inference.model import load_export
 
@@ -132,8 +132,13 @@ def _cached_model(
 
 def load_model(artifact: Artifact) -> LoadedModel:
     """The job's exported model, verified against its recorded SHA-256, cached for everyone."""
-    stat = artifact_stat(artifact)
-    return _cached_model(artifact.path, artifact.sha256, stat.st_size, stat.st_mtime_ns, artifact)
+    try:
+        version = store.version(artifact.path)
+    except FileNotFoundError:
+        raise ArtifactUnavailable(gone_message(artifact)) from None
+    except store.StoreError as exc:
+        raise ArtifactUnavailable(str(exc)) from None
+    return _cached_model(artifact.path, artifact.sha256, version, artifact)
 
 
 def predict_uploads(

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlparse
 
+from common import store
+from datasets import archive
 from datasets.folders import uploads_dir, url_fetch_dir
 from datasets.items import concrete_rule
 from datasets.labelling import (
@@ -76,7 +78,20 @@ def _refuse_taken(engine: Engine, name: str) -> None:
         )
 
 
+def _pack_for_other_machines(name: str, location: str) -> archive.Archive | None:
+    """With a shared store, the dataset's files packed into it for workers elsewhere."""
+    if not store.is_shared():
+        return None
+    try:
+        return archive.pack(Path(location))
+    except store.StoreError as exc:
+        raise DatasetError(
+            f"dataset {name!r} cannot be packed into the store for the workers: {exc}"
+        ) from None
+
+
 def _insert(engine: Engine, name: str, kind: str, location: str, report: DatasetReport) -> None:
+    packed = _pack_for_other_machines(name, location)
     try:
         save_dataset(
             engine,
@@ -87,6 +102,8 @@ def _insert(engine: Engine, name: str, kind: str, location: str, report: Dataset
             classes=report.classes,
             class_counts=report.class_counts,
             bad_files=sorted(report.bad_files),
+            archive_url=packed.url if packed else None,
+            archive_sha256=packed.sha256 if packed else None,
         )
     except DatasetExists as exc:
         raise DatasetError(str(exc)) from None

@@ -1,34 +1,32 @@
-"""Files a job produced (its exported model, its checkpoint), with their size and SHA-256."""
+"""Files a job produced (its exported model, model card, checkpoint), recorded by their store
+URL (`common.store`) with their size and SHA-256. Rows from before the store hold a local path."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from sqlalchemy import Engine, delete, insert, select
 from sqlalchemy.orm import Session
 
-from common.files import sha256_file
 from db.engine import read_tx, write_tx
 from db.models import Artifact, utcnow
 
 
-def record_artifact(engine: Engine, job_id: int, kind: str, path: Path) -> Artifact:
-    """Record (or replace) the job's artifact of `kind`, hashing the file as it is now."""
-    size = path.stat().st_size
-    digest = sha256_file(path)
+def record_artifact(
+    engine: Engine, job_id: int, kind: str, url: str, size: int, digest: str
+) -> Artifact:
+    """Record (or replace) the job's artifact of `kind`: the stored object at `url`."""
     with write_tx(engine) as connection:
         connection.execute(delete(Artifact).where(Artifact.job_id == job_id, Artifact.kind == kind))
         connection.execute(
             insert(Artifact).values(
                 job_id=job_id,
                 kind=kind,
-                path=str(path),
+                path=url,
                 bytes=size,
                 sha256=digest,
                 created_at=utcnow(),
             )
         )
-    return Artifact(job_id=job_id, kind=kind, path=str(path), bytes=size, sha256=digest)
+    return Artifact(job_id=job_id, kind=kind, path=url, bytes=size, sha256=digest)
 
 
 def list_artifacts(engine: Engine, job_id: int) -> list[Artifact]:

@@ -62,6 +62,8 @@ def save_dataset(
     class_counts: dict[str, int],
     bad_files: list[str] | None = None,
     replace: bool = False,
+    archive_url: str | None = None,
+    archive_sha256: str | None = None,
 ) -> None:
     """Add the registry row of a dataset: DatasetExists if the name is taken, unless `replace`,
     which swaps the old row for the new one in the same transaction."""
@@ -75,6 +77,8 @@ def save_dataset(
         "item_count": sum(class_counts.values()),
         "bad_files": bad_files or [],
         "created_at": utcnow(),
+        "archive_url": archive_url,
+        "archive_sha256": archive_sha256,
     }
     try:
         with write_tx(engine) as connection:

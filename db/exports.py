@@ -11,11 +11,10 @@ Both the dashboard and `python -m worker predict` load exports through here.
 from __future__ import annotations
 
 import hashlib
-import os
-from pathlib import Path
 
 from sqlalchemy import Engine
 
+from common import store
 from db.artifacts import get_artifact
 from db.models import Artifact
 from db.queue import JobNotFound, get_job
@@ -52,29 +51,22 @@ def recorded_artifact(engine: Engine, job_id: int, kind: str = "export") -> Arti
     raise ArtifactUnavailable(f"job #{job_id} has no {_words(kind)} recorded")
 
 
-def _not_here(artifact: Artifact) -> ArtifactUnavailable:
-    return ArtifactUnavailable(
-        f"the {_words(artifact.kind)} of job #{artifact.job_id} ({artifact.path}) is not on "
-        "this machine"
+def gone_message(artifact: Artifact) -> str:
+    where = "in the store" if store.is_store_url(artifact.path) else "on this machine"
+    return (
+        f"the {_words(artifact.kind)} of job #{artifact.job_id} ({artifact.path}) is not "
+        f"{where} any more"
     )
-
-
-def artifact_stat(artifact: Artifact) -> os.stat_result:
-    """The file's size and times (for a cache key), or ArtifactUnavailable if it is gone."""
-    try:
-        return Path(artifact.path).stat()
-    except FileNotFoundError:
-        raise _not_here(artifact) from None
-    except OSError as exc:
-        raise ArtifactUnavailable(f"cannot read {artifact.path}: {exc.strerror}") from None
 
 
 def read_verified(artifact: Artifact) -> bytes:
     """The file's bytes, read once, if their SHA-256 is the recorded one; else refuse."""
     try:
-        data = Path(artifact.path).read_bytes()
+        data = store.read_bytes(artifact.path)
     except FileNotFoundError:
-        raise _not_here(artifact) from None
+        raise ArtifactUnavailable(gone_message(artifact)) from None
+    except store.StoreError as exc:
+        raise ArtifactUnavailable(str(exc)) from None
     except OSError as exc:
         raise ArtifactUnavailable(f"cannot read {artifact.path}: {exc.strerror}") from None
     digest = hashlib.sha256(data).hexdigest()

@@ -177,6 +177,10 @@ class Dataset(Base):
     item_count: Mapped[int] = mapped_column(Integer, default=0)
     bad_files: Mapped[list[Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # With a shared store (a bucket): the dataset's files packed once, which workers on other
+    # machines fetch (`datasets.archive`); None where the folder is read in place.
+    archive_url: Mapped[str | None] = mapped_column(Text, default=None)
+    archive_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
 
 
 class Result(Base):

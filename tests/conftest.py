@@ -122,3 +122,21 @@ def small_digits(sqlite_engine: Engine, data_dir: Path) -> Callable[..., str]:
         return name
 
     return make
+
+
+@pytest.fixture
+def gcs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """A Cloud Storage emulator with an empty bucket `traindeck-test`, and TRAINDECK_STORE on it."""
+    from tests.support.gcs import GcsEmulator
+
+    emulator = GcsEmulator(tmp_path_factory.mktemp("gcs") / "objects").start()
+    try:
+        emulator.create_bucket("traindeck-test")
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url)
+        monkeypatch.setenv("TRAINDECK_STORE", "gs://traindeck-test/td")
+        import fsspec
+
+        fsspec.filesystem("gs").clear_instance_cache()
+        yield emulator
+    finally:
+        emulator.stop()

@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,9 +106,16 @@ class CheckpointWriter:
     and the checkpoint before it stays intact.
     """
 
-    def __init__(self, job_dir: Path, background: bool = True):
+    def __init__(
+        self,
+        job_dir: Path,
+        background: bool = True,
+        after_write: Callable[[Path, int], None] | None = None,
+    ):
         self.job_dir = job_dir
         self.background = background
+        # Called with the file and its epoch once a checkpoint is on disk (the upload).
+        self.after_write = after_write
         self._thread: threading.Thread | None = None
         self._failure: Exception | None = None
 
@@ -115,7 +123,7 @@ class CheckpointWriter:
         self.wait()
         state = checkpoint_state(learn, epoch=epoch, lr=lr, spec=spec, copy=self.background)
         if not self.background:
-            write_checkpoint(self.job_dir, state)
+            self._written(write_checkpoint(self.job_dir, state), epoch)
             return
         self._thread = threading.Thread(
             target=self._write, args=(state,), name="checkpoint-writer", daemon=True
@@ -124,9 +132,13 @@ class CheckpointWriter:
 
     def _write(self, state: dict[str, Any]) -> None:
         try:
-            write_checkpoint(self.job_dir, state)
+            self._written(write_checkpoint(self.job_dir, state), state["epoch"])
         except Exception as exc:  # raised on the training thread by the next save or wait
             self._failure = exc
+
+    def _written(self, path: Path, epoch: int) -> None:
+        if self.after_write is not None:
+            self.after_write(path, epoch)
 
     def wait(self) -> None:
         """Until the last checkpoint is on disk; raises why it is not (ArtifactWriteError for a

@@ -17,10 +17,12 @@ from PIL import Image
 
 from datasets.builtin import ensure_digits
 from datasets.images import open_image
+from datasets.items import dataset_items
 from datasets.labelling import DatasetError, LabelledItems, scan_items
 from db.datasets import get_dataset
 from db.engine import Engine
 from db.spec import JobSpec, batch_size_problem, training_images
+from worker.dataset_cache import fetch_archive
 from worker.fetch import load_dataset_items
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,9 @@ def load_items(engine: Engine, dataset_name: str) -> LabelledItems:
         return scan_items(ensure_digits(), {"type": "folder"})
     if dataset is None:
         raise DatasetError(f"dataset {dataset_name!r} is not registered")
+    if dataset.archive_url:
+        # Packed into the store where it was registered: read from this worker's copy.
+        return dataset_items(dataset, fetch_archive(dataset))
     return load_dataset_items(dataset, engine)
 
 

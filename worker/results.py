@@ -28,13 +28,15 @@ from fastai.interpret import ClassificationInterpretation
 from fastai.learner import Learner, Recorder
 from PIL import Image
 
+from common import store
 from common.files import replace_atomically
 from datasets.images import open_image
-from db.artifacts import get_artifact, record_artifact
+from db.artifacts import get_artifact
 from db.datasets import get_dataset
 from db.models import utcnow
 from db.results import save_results
 from db.telemetry import final_metrics
+from worker.outputs import publish
 
 if TYPE_CHECKING:
     from worker.training import TrainingContext
@@ -230,7 +232,7 @@ def model_card(
         "final_metrics": metrics,
         "versions": package_versions(),
         "export": {
-            "file": Path(export.path).name,
+            "file": store.display_name(export.path),
             "bytes": export.bytes,
             "sha256": export.sha256,
         },
@@ -293,7 +295,4 @@ def record_results(ctx: TrainingContext, learn: Learner) -> None:
             len(interpretation.predictions),
         )
     card = write_model_card(model_card(ctx, learn, interpretation), ctx.job_dir)
-    ctx.db(
-        lambda: record_artifact(ctx.engine, ctx.lease.job_id, "model_card", card),
-        "record the model card",
-    )
+    publish(ctx, "model_card", card)

@@ -25,7 +25,7 @@ from fastai.metrics import accuracy, error_rate, top_k_accuracy
 from fastai.torch_core import set_seed
 from fastai.vision.learner import vision_learner
 
-from common import config
+from common import config, store
 from common.errors import error_summary
 from db.artifacts import record_artifact
 from db.engine import Engine, retry_while_unavailable
@@ -44,8 +44,10 @@ from worker.callbacks import (
     XlaReportCallback,
     XlaStepCallback,
 )
+from worker.checkpoint_upload import CheckpointUploader, newest_checkpoint, remove_uploaded
 from worker.data import build_dataloaders, drop_undecodable, load_items
 from worker.failpoints import EXPORT_TMP_WRITTEN, any_armed, failpoint
+from worker.outputs import publish
 from worker.prefetch import PrefetchCallback
 from worker.reporter import TelemetryWriter
 from worker.results import record_results
@@ -54,6 +56,8 @@ from worker.spmd import DataParallel
 log = logging.getLogger(__name__)
 
 EXPORT_NAME = "export.pkl"
+# A stopped job (a preempted VM) waits this long for the checkpoint upload in flight.
+UPLOAD_WAIT_ON_STOP_S = 30.0
 FINE_TUNE_FREEZE_EPOCHS = 1
 FINE_TUNE_LR_MULT = 100
 LR_FIND_ITERATIONS = 100
@@ -334,7 +338,8 @@ def run(ctx: TrainingContext) -> Path:
     phases = schedule_phases(spec, 0.0)
     set_trainable(learn, phases[0])
     resume_from = 0
-    state = checkpoint.load_checkpoint(ctx.job_dir)
+    found = newest_checkpoint(ctx.job_dir, ctx.lease.job_id, ctx.writer.add_event)
+    state, origin = found if found is not None else (None, None)
     if state is not None and state.get("spec") == spec.model_dump(mode="json"):
         checkpoint.restore(learn, state, device)
         resume_from = state["epoch"] + 1
@@ -342,8 +347,14 @@ def run(ctx: TrainingContext) -> Path:
         log.info("resuming from the checkpoint of epoch %d/%d", resume_from, clock.total_epochs)
         ctx.writer.add_event(
             "warning",
-            f"resumed from the checkpoint after epoch {resume_from} "
-            f"(attempt {ctx.lease.lease}); training continues at epoch {resume_from + 1}",
+            f"resumed from the checkpoint after epoch {resume_from} (attempt {ctx.lease.lease}, "
+            f"from {origin}); training continues at epoch {resume_from + 1}",
+        )
+    elif ctx.lease.lease > 1:
+        ctx.writer.add_event(
+            "warning",
+            f"attempt {ctx.lease.lease} found no checkpoint of this job, here or in the store: "
+            "training starts again from epoch 1",
         )
     elif spec.lr == "find":
         lr = find_learning_rate(learn, ctx)
@@ -352,7 +363,12 @@ def run(ctx: TrainingContext) -> Path:
 
     # On an accelerator the checkpoint is written on a background thread while the next epoch
     # trains; training on the CPU writes it at the epoch's end (see CheckpointWriter).
-    checkpoints = checkpoint.CheckpointWriter(ctx.job_dir, background=device.type != "cpu")
+    uploads = CheckpointUploader(
+        ctx.lease.job_id, ctx.job_dir, ctx.writer.add_event, kept=store.checkpoints_kept()
+    )
+    checkpoints = checkpoint.CheckpointWriter(
+        ctx.job_dir, background=device.type != "cpu", after_write=uploads.submit
+    )
 
     def on_epoch_end(epoch: int) -> None:
         checkpoints.save(learn, epoch=epoch, lr=lr, spec=spec.model_dump(mode="json"))
@@ -368,22 +384,43 @@ def run(ctx: TrainingContext) -> Path:
         # the newest checkpoint; its own failure would only hide the reason being raised.
         with contextlib.suppress(Exception):
             checkpoints.wait()
+        uploads.wait(timeout=UPLOAD_WAIT_ON_STOP_S)
+        uploads.close()
         raise
     export = export_model(learn, ctx.job_dir)
     if ctx.stop.is_set():
         export.unlink(missing_ok=True)
+        uploads.close()
         raise StopRequested()
-    job_id = ctx.lease.job_id
-    ctx.db(lambda: record_artifact(ctx.engine, job_id, "export", export), "record the export")
-    saved = checkpoint.checkpoint_path(ctx.job_dir)
-    ctx.db(
-        lambda: record_artifact(ctx.engine, job_id, "checkpoint", saved), "record the checkpoint"
-    )
-    log.info("exported the model to %s", export)
+    published = publish(ctx, "export", export)
+    _finish_checkpoints(ctx, uploads)
+    log.info("exported the model to %s", published.path)
     record_results(ctx, learn)
     if ctx.stop.is_set():
         raise StopRequested()
     return export
+
+
+def _finish_checkpoints(ctx: TrainingContext, uploads: CheckpointUploader) -> None:
+    """After success the job's checkpoints leave the store, unless they are to be kept; then
+    the newest one is recorded as the job's checkpoint."""
+    if not store.keep_final_checkpoint():
+        uploads.close()
+        with contextlib.suppress(store.StoreError):
+            remove_uploaded(ctx.lease.job_id)
+        return
+    uploads.wait()
+    uploads.close()
+    pointer = store.read_json(store.checkpoint_pointer_key(ctx.lease.job_id))
+    if pointer is not None:
+        size = store.size(pointer["url"])
+        job_id = ctx.lease.job_id
+        ctx.db(
+            lambda: record_artifact(
+                ctx.engine, job_id, "checkpoint", pointer["url"], size, pointer["sha256"]
+            ),
+            "record the checkpoint",
+        )
 
 
 def _fit_phases(

@@ -18,9 +18,9 @@ import pytest
 
 from common.files import job_dir, sha256_file
 from db import queue
-from db.artifacts import record_artifact
 from db.telemetry import write_metrics
 from tests.support import seed
+from tests.support.artifacts import record_local_file
 from tests.support.browser import CHROMIUM, ROOT, chromium, new_page, running_dashboard
 
 SCREENSHOT = ROOT / "test-output" / "dashboard" / "job_page_live.png"
@@ -142,7 +142,7 @@ def test_submit_find_open_and_watch_the_chart_grow(
     export = job_dir(claimed.id) / "export.pkl"
     export.parent.mkdir(parents=True, exist_ok=True)
     export.write_bytes(os.urandom(300_000))
-    record_artifact(engine, claimed.id, "export", export)
+    record_local_file(engine, claimed.id, "export", export)
     assert queue.finish(engine, claimed.lease, "succeeded")
     page.get_by_role("tab", name="Artifacts").click()
     link = page.get_by_role("link", name="Download export.pkl")

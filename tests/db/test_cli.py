@@ -11,9 +11,9 @@ import pytest
 
 from common.entry import EXIT_BROKEN_PIPE
 from db import queue
-from db.artifacts import record_artifact
 from db.datasets import save_dataset
 from db.telemetry import MetricPoint, write_metrics
+from tests.support.artifacts import record_local_file
 from traindeck.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def test_show_lists_artifacts_with_size_and_hash(engine, capsys, tmp_path):
     job_id = queue.submit(engine, {})
     exported = tmp_path / "export.pkl"
     exported.write_bytes(b"model bytes")
-    record_artifact(engine, job_id, "export", exported)
+    record_local_file(engine, job_id, "export", exported)
     _code, out, _ = run_cli(capsys, "show", str(job_id), "--json")
     (artifact,) = json.loads(out)["artifacts"]
     assert artifact["kind"] == "export" and artifact["bytes"] == 11

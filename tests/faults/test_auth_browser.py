@@ -21,7 +21,7 @@ import pytest
 from common.files import job_dir
 from dashboard import auth
 from db import queue
-from db.artifacts import record_artifact
+from tests.support.artifacts import record_local_file
 from tests.support.browser import CHROMIUM, ROOT, chromium, new_page, running_dashboard
 
 PASSWORD = "a long enough browser password"
@@ -43,7 +43,7 @@ def finished_job(sqlite_engine) -> tuple[int, bytes]:
     export.parent.mkdir(parents=True, exist_ok=True)
     content = os.urandom(200_000)
     export.write_bytes(content)
-    record_artifact(sqlite_engine, job_id, "export", export)
+    record_local_file(sqlite_engine, job_id, "export", export)
     assert queue.finish(sqlite_engine, claimed.lease, "succeeded")
     return job_id, content
 

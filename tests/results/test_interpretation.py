@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import subprocess
@@ -18,7 +19,7 @@ import torchvision
 from PIL import Image
 from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
 
-from common.files import sha256_file
+from common import store
 from db.artifacts import get_artifact
 from db.results import get_results
 from db.telemetry import final_metrics
@@ -92,10 +93,11 @@ def test_top_losses_are_the_largest_with_a_picture_of_each(trained):
 def test_model_card_beside_the_export_describes_it(trained):
     card_artifact = get_artifact(trained.engine, trained.job_id, "model_card")
     export = get_artifact(trained.engine, trained.job_id, "export")
-    card_path = Path(card_artifact.path)
-    assert card_path.parent == Path(export.path).parent
-    assert sha256_file(card_path) == card_artifact.sha256
-    card = json.loads(card_path.read_text())
+    assert card_artifact.path.rsplit("/", 1)[0] == export.path.rsplit("/", 1)[0]
+    assert card_artifact.path.startswith("file://"), "recorded by its store URL"
+    card_bytes = store.read_bytes(card_artifact.path)
+    assert hashlib.sha256(card_bytes).hexdigest() == card_artifact.sha256
+    card = json.loads(card_bytes)
 
     assert card["job_id"] == trained.job_id
     assert card["spec"] == {**card["spec"], **DIGITS_SPEC}
@@ -104,7 +106,7 @@ def test_model_card_beside_the_export_describes_it(trained):
     assert sum(card["dataset"]["class_counts"].values()) == DIGIT_IMAGES
     assert card["dataset"]["valid_images"] == round(DIGIT_IMAGES * 0.2)
     assert card["export"] == {"file": "export.pkl", "bytes": export.bytes, "sha256": export.sha256}
-    assert sha256_file(Path(export.path)) == card["export"]["sha256"]
+    assert hashlib.sha256(store.read_bytes(export.path)).hexdigest() == card["export"]["sha256"]
     assert card["versions"]["torch"] == torch.__version__.split("+")[0]
     assert card["versions"]["torchvision"] == torchvision.__version__.split("+")[0]
     assert card["versions"]["fastai"] == fastai.__version__

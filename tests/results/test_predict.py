@@ -139,11 +139,11 @@ def test_dashboard_refuses_an_export_changed_after_it_was_recorded(trained):
     (before,) = results_view.predict_uploads(trained.engine, job_id, [seven])
     assert before.label == "7"
 
-    export = trained.data_dir / "jobs" / str(job_id) / "export.pkl"
+    export = trained.data_dir / "jobs" / str(job_id) / "export.pkl"  # a row from before the store
     flip_byte(export, export.stat().st_size // 2)
     with pytest.raises(ArtifactTampered, match="is not the file the worker recorded"):
         results_view.predict_uploads(trained.engine, job_id, [seven])
 
     export.unlink()
-    with pytest.raises(ArtifactUnavailable, match="is not on this machine"):
+    with pytest.raises(ArtifactUnavailable, match="is not on this machine any more"):
         results_view.predict_uploads(trained.engine, job_id, [seven])

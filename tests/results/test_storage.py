@@ -8,9 +8,9 @@ import pytest
 
 from common.files import job_dir
 from db import queue
-from db.artifacts import record_artifact
 from db.exports import ArtifactTampered, ArtifactUnavailable, read_verified, recorded_artifact
 from db.results import get_results, save_results
+from tests.support.artifacts import record_local_file
 
 CLASSES = ["cat", "dog", "fox"]
 CONFUSION = [[5, 1, 0], [0, 4, 2], [0, 0, 3]]
@@ -88,7 +88,7 @@ def test_a_recorded_file_is_read_only_as_the_bytes_that_were_recorded(engine, da
     export = folder / "export.pkl"
     content = b"pretend pickle " * 1000
     export.write_bytes(content)
-    record_artifact(engine, job_id, "export", export)
+    record_local_file(engine, job_id, "export", export)
 
     artifact = recorded_artifact(engine, job_id, "export")
     assert artifact.sha256 == hashlib.sha256(content).hexdigest()
@@ -102,7 +102,7 @@ def test_a_recorded_file_is_read_only_as_the_bytes_that_were_recorded(engine, da
     assert "a changed one could run any code" in str(refused.value)
 
     export.unlink()
-    with pytest.raises(ArtifactUnavailable, match="is not on this machine"):
+    with pytest.raises(ArtifactUnavailable, match="is not on this machine any more"):
         read_verified(artifact)
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from common.files import job_dir
 from db import queue
-from db.artifacts import record_artifact
 from db.queue import ClaimedJob
 from db.telemetry import MetricPoint, add_events, add_xla_report, write_metrics
+from tests.support.artifacts import record_local_file
 
 STEPS_PER_EPOCH = 20
 
@@ -101,7 +101,7 @@ def finished_job(engine, name: str = "done run", **spec) -> tuple[int, Path]:
     export = job_dir(claimed.id) / "export.pkl"
     export.parent.mkdir(parents=True, exist_ok=True)
     export.write_bytes(b"a model " * 5000)
-    record_artifact(engine, claimed.id, "export", export)
+    record_local_file(engine, claimed.id, "export", export)
     assert queue.finish(engine, claimed.lease, "succeeded")
     return claimed.id, export
 

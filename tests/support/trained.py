@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import Engine
 
+from common import store
 from db import queue
-from db.artifacts import get_artifact, record_artifact
+from db.artifacts import get_artifact
+from tests.support.artifacts import record_local_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,8 +59,8 @@ def job_with_copied_export(trained: TrainedJob, *, flip_byte_at: int | None = No
     folder = trained.data_dir / "jobs" / str(job_id)
     folder.mkdir(parents=True)
     copy = folder / "export.pkl"
-    shutil.copyfile(source.path, copy)
-    record_artifact(trained.engine, job_id, "export", copy)
+    store.get_file(source.path, copy)
+    record_local_file(trained.engine, job_id, "export", copy)
     if flip_byte_at is not None:
         flip_byte(copy, flip_byte_at)
     return job_id

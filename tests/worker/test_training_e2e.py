@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from common import store
 from datasets.builtin import ensure_digits
 from db import queue, telemetry
 from db.artifacts import list_artifacts
@@ -71,12 +72,15 @@ def test_digits_job_trains_on_cpu_and_its_export_predicts_in_a_fresh_process(
 
     artifacts = {artifact.kind: artifact for artifact in list_artifacts(sqlite_engine, job_id)}
     export = artifacts["export"]
-    assert Path(export.path).stat().st_size == export.bytes
-    assert len(export.sha256) == 64
+    assert export.path.startswith("file://") and export.path.endswith(f".{export.sha256}.pkl")
+    assert store.size(export.path) == export.bytes
+    assert set(artifacts) == {"export", "model_card"}, "checkpoints leave the store on success"
+    assert store.list_keys(store.job_prefix(job_id) + "/checkpoints") == []
+    local_copy = store.get_file(export.path, data_dir / "export-copy.pkl")
 
     images = _one_image_per_class(data_dir)
     predicted = subprocess.run(
-        [sys.executable, "-c", PREDICT, export.path, *map(str, images.values())],
+        [sys.executable, "-c", PREDICT, str(local_copy), *map(str, images.values())],
         cwd=REPO,
         env=worker_env(),
         capture_output=True,
