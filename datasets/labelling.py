@@ -15,6 +15,9 @@ A labelling rule is a small JSON object stored in the registry (`datasets.label_
 training and a validation folder (fastai's GrandparentSplitter); the items then carry one
 `is_valid` flag each. Without it the worker splits at random by the job's valid_pct and seed.
 
+A file or folder in the jobs folder, or a link leading there, is never part of a dataset: the
+scans skip it and say why (`datasets.roots.ItemRule.jobs_problem`).
+
 Pure file work: no database, no torch.
 """
 
@@ -25,6 +28,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from datasets.roots import ItemRule
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 TRAIN_FOLDER = "train"
@@ -83,13 +88,25 @@ def _visible_children(folder: Path) -> list[Path]:
         raise DatasetError(f"cannot read folder {folder}: {exc.strerror or exc}") from None
 
 
-def _images_below(folder: Path) -> list[Path]:
-    """Every image file under `folder`, at any depth, skipping hidden files and folders."""
+def _allowed(path: Path, root: Path, rule: ItemRule, skipped: list[str]) -> bool:
+    """Whether `path` may be an item (or hold items) of the dataset at `root`; if not, say
+    why in `skipped`."""
+    problem = rule.jobs_problem(path)
+    if problem is None:
+        return True
+    skipped.append(f"{relative_name(path, root)} ({problem})")
+    return False
+
+
+def _images_below(folder: Path, root: Path, rule: ItemRule, skipped: list[str]) -> list[Path]:
+    """Every image file under `folder`, at any depth, skipping hidden files and folders and
+    what `rule` refuses."""
     found: list[Path] = []
     for child in _visible_children(folder):
         if child.is_dir():
-            found.extend(_images_below(child))
-        elif child.is_file() and is_image_name(child):
+            if _allowed(child, root, rule, skipped):
+                found.extend(_images_below(child, root, rule, skipped))
+        elif child.is_file() and is_image_name(child) and _allowed(child, root, rule, skipped):
             found.append(child)
     return found
 
@@ -188,12 +205,16 @@ def detect_label_rule(root: Path, label_regex: str | None = None) -> dict[str, A
     )
 
 
-def _folder_items(root: Path, folder: Path, skipped: list[str]) -> list[tuple[Path, str]]:
+def _folder_items(
+    root: Path, folder: Path, rule: ItemRule, skipped: list[str]
+) -> list[tuple[Path, str]]:
     items: list[tuple[Path, str]] = []
     for child in _visible_children(folder):
         if child.is_dir():
+            if not _allowed(child, root, rule, skipped):
+                continue
             for path in _visible_children(child):
-                if path.is_file() and is_image_name(path):
+                if path.is_file() and is_image_name(path) and _allowed(path, root, rule, skipped):
                     items.append((path, child.name))
         elif child.is_file() and is_image_name(child):
             skipped.append(f"{relative_name(child, root)} (not inside a class folder)")
@@ -201,10 +222,10 @@ def _folder_items(root: Path, folder: Path, skipped: list[str]) -> list[tuple[Pa
 
 
 def _regex_items(
-    root: Path, folder: Path, pattern: re.Pattern[str], skipped: list[str]
+    root: Path, folder: Path, pattern: re.Pattern[str], rule: ItemRule, skipped: list[str]
 ) -> list[tuple[Path, str]]:
     items: list[tuple[Path, str]] = []
-    for path in _images_below(folder):
+    for path in _images_below(folder, root, rule, skipped):
         match = pattern.search(path.name)
         label = None
         if match:
@@ -253,7 +274,7 @@ def _csv_rows(csv_path: Path) -> list[list[str]]:
         raise DatasetError(f"{csv_path} is not a valid CSV file: {exc}") from None
 
 
-def _csv_items(root: Path, csv_name: str, skipped: list[str]) -> LabelledItems:
+def _csv_items(root: Path, csv_name: str, rule: ItemRule, skipped: list[str]) -> LabelledItems:
     csv_path = root / csv_name
     rows = _csv_rows(csv_path)
     first_line = 1
@@ -286,6 +307,10 @@ def _csv_items(root: Path, csv_name: str, skipped: list[str]) -> LabelledItems:
         if not path.resolve().is_relative_to(resolved_root):
             skipped.append(f"{where}: {name} (links outside {root})")
             continue
+        problem = rule.jobs_problem(path)
+        if problem is not None:
+            skipped.append(f"{where}: {name} ({problem})")
+            continue
         flag = False
         if with_split:
             parsed = _parse_flag(cells[2] if len(cells) >= 3 else "")
@@ -306,24 +331,28 @@ def scan_items(root: Path, rule: dict[str, Any]) -> LabelledItems:
     kind = rule.get("type", "folder")
     skipped: list[str] = []
     split = rule.get("split")
+    where = ItemRule(root)
     if kind == "auto":
         return scan_items(root, detect_label_rule(root, rule.get("label_regex")))
     if kind == "folder":
         if split:
             return _split_items(
-                root, split, lambda part: _folder_items(root, part, skipped), skipped
+                root, split, lambda part: _folder_items(root, part, where, skipped), skipped
             )
-        return LabelledItems(_folder_items(root, root, skipped), None, skipped)
+        return LabelledItems(_folder_items(root, root, where, skipped), None, skipped)
     if kind == "regex":
         pattern = compile_label_regex(str(rule.get("pattern", "")))
         if split:
             return _split_items(
-                root, split, lambda part: _regex_items(root, part, pattern, skipped), skipped
+                root,
+                split,
+                lambda part: _regex_items(root, part, pattern, where, skipped),
+                skipped,
             )
         folder = root / rule["subfolder"] if rule.get("subfolder") else root
         if not folder.is_dir():
             raise DatasetError(f"folder {folder} does not exist")
-        return LabelledItems(_regex_items(root, folder, pattern, skipped), None, skipped)
+        return LabelledItems(_regex_items(root, folder, pattern, where, skipped), None, skipped)
     if kind == "csv":
-        return _csv_items(root, str(rule.get("file", "")), skipped)
+        return _csv_items(root, str(rule.get("file", "")), where, skipped)
     raise DatasetError(f"unknown labelling rule {kind!r}")

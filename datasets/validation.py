@@ -1,9 +1,10 @@
 """What a dataset must pass before it is registered: where it lies, that its images decode,
 and that every class can be both trained on and validated.
 
-Allowed data roots: the data folder (`TRAINDECK_DATA`) and every folder an admin lists in
-`TRAINDECK_DATASET_ROOTS` (separated by `os.pathsep`, ':' on Linux). A dataset outside them
-is refused, so a browser user cannot point the server at /etc or at someone's home folder.
+Allowed data roots (`datasets.roots`): the data folder (`TRAINDECK_DATA`) and every folder an
+admin lists in `TRAINDECK_DATASET_ROOTS` (separated by `os.pathsep`, ':' on Linux), but never
+the jobs folder inside the data folder. A dataset outside them is refused, so a browser user
+cannot point the server at /etc, at someone's home folder or at other jobs' files.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from common import config
-from common.settings import settings
+from common.files import jobs_dir
 from datasets.labelling import DatasetError, LabelledItems, relative_name, scan_items
+from datasets.roots import DATASET_ROOTS_ENV, ItemRule, allowed_roots
 from db.spec import normalize_dataset_name
 
-DATASET_ROOTS_ENV = "TRAINDECK_DATASET_ROOTS"
+__all__ = ["DATASET_ROOTS_ENV", "allowed_roots"]
+
 MAX_NAME_LENGTH = 100
 # The upload folder is named after the dataset, and its staging folder adds 18 characters:
 # both must stay under the 255 bytes most file systems allow in one name.
@@ -37,12 +40,6 @@ DRAFT_SIZE = (64, 64)
 MAX_NAMED_IN_MESSAGE = 5
 
 ProgressCallback = Callable[[int, int], None]
-
-
-def allowed_roots() -> list[Path]:
-    """The folders datasets may live in: the data folder, then the admin's extra roots."""
-    extra = settings().dataset_roots
-    return [config.data_dir(), *(root.expanduser().resolve() for root in extra)]
 
 
 def resolve_inside_roots(path: Path | str, what: str = "folder") -> Path:
@@ -61,8 +58,9 @@ def resolve_inside_roots(path: Path | str, what: str = "folder") -> Path:
         roots = allowed_roots()
         inside = any(resolved.is_relative_to(root) for root in roots)
         exists = inside and resolved.exists()
-    except (ValueError, UnicodeError, OSError):
-        # A NUL byte, text that is no file name on this system, a name too long.
+        in_jobs = resolved.is_relative_to(jobs_dir().resolve())
+    except (ValueError, UnicodeError, OSError, RuntimeError):
+        # A NUL byte, text that is no file name on this system, a name too long, a link loop.
         raise DatasetError(f"{what} {text!r} is not a usable path") from None
     if not inside:
         listed = ", ".join(str(root) for root in roots)
@@ -70,6 +68,8 @@ def resolve_inside_roots(path: Path | str, what: str = "folder") -> Path:
             f"{what} {text} is outside the allowed data roots ({listed}); an admin can allow "
             f"more folders with {DATASET_ROOTS_ENV}"
         )
+    if in_jobs:
+        raise DatasetError(f"{what} {text} is in the jobs folder, which holds jobs' files")
     if not exists:
         raise DatasetError(f"{what} {text} does not exist")
     return resolved
@@ -198,19 +198,17 @@ def find_bad_files(
     progress: ProgressCallback | None = None,
     modes: Counter[str] | None = None,
 ) -> dict[str, str]:
-    """Relative name → reason for every item that cannot be decoded, or that is a link
-    leading outside the dataset folder and the allowed roots. Counts the mode of every
-    decodable image in `modes`."""
-    resolved_root = root.resolve()
-    roots = allowed_roots()
+    """Relative name → reason for every item that cannot be decoded, or that lies in the
+    jobs folder or links there or out of the dataset folder and the allowed roots (the scans
+    skip the jobs folder already; an item list made elsewhere is checked too). Counts the
+    mode of every decodable image in `modes`."""
+    rule = ItemRule(root)
     bad: dict[str, str] = {}
     total = len(items.items)
     for index, (path, _) in enumerate(items.items):
-        resolved = path.resolve()
-        if not resolved.is_relative_to(resolved_root) and not any(
-            resolved.is_relative_to(allowed) for allowed in roots
-        ):
-            bad[relative_name(path, root)] = "links outside the allowed data roots"
+        problem = rule.problem(path)
+        if problem is not None:
+            bad[relative_name(path, root)] = problem
         else:
             mode, reason = check_image(path)
             if reason:

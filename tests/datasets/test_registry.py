@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
+from common.files import jobs_dir
 from datasets.folders import local_root, uploads_dir, url_data_dir
 from datasets.items import dataset_items, preview_items
 from datasets.labelling import PETS_LABEL_REGEX, DatasetError
@@ -28,6 +29,7 @@ from tests.support.images import (
     make_pets_dataset,
     make_split_dataset,
     write_corrupt_png,
+    write_image,
     zip_folder,
 )
 
@@ -154,6 +156,44 @@ def test_an_image_linking_outside_the_roots_is_a_bad_file(
     register_folder(engine, "animals", root)
 
     assert get_dataset(engine, "animals").bad_files == ["cat/leak.png"]
+
+
+def test_links_into_the_jobs_folder_are_never_images(engine: Engine, data_dir: Path) -> None:
+    """Another job's files lie inside the data folder, an allowed root, but belong to no
+    dataset: an image-named link to one, a class folder linking there, a CSV row naming one
+    and the jobs folder itself are refused, at registration and when a job reads the set."""
+    root = make_folder_dataset(data_dir / "animals", per_class=2)
+    theirs = write_image(jobs_dir() / "7" / "results" / "top.png", (9, 9, 9))
+    (root / "cat" / "peek.png").symlink_to(theirs)
+    (root / "spy").symlink_to(theirs.parent, target_is_directory=True)
+
+    registration = register_folder(engine, "animals", root)
+
+    dataset = get_dataset(engine, "animals")
+    assert dataset.class_counts == {"cat": 2, "dog": 2}
+    assert dataset.bad_files == []
+    assert registration.report.skipped == [
+        "cat/peek.png (links into the jobs folder)",
+        "spy (links into the jobs folder)",
+    ]
+    assert "2 files skipped: cat/peek.png (links into the jobs folder)" in registration.summary()
+    read = [path.name for path, _ in dataset_items(dataset).items]
+    assert sorted(read) == ["000.png", "000.png", "001.png", "001.png"]
+
+    labels = data_dir / "labels.csv"
+    labels.write_text(
+        "".join(f"animals/{c}/00{n}.png,{c}\n" for c in ("cat", "dog") for n in range(2))
+        + "jobs/7/results/top.png,cat\n"
+    )
+    listed = register_csv(engine, "listed", labels)
+    assert listed.report.skipped == [
+        "labels.csv line 5: jobs/7/results/top.png (lies in the jobs folder)"
+    ]
+    assert get_dataset(engine, "listed").class_counts == {"cat": 2, "dog": 2}
+
+    for folder in (jobs_dir() / "7", jobs_dir()):
+        with pytest.raises(DatasetError, match="is in the jobs folder"):
+            register_folder(engine, "jobs", folder)
 
 
 @pytest.mark.parametrize("name", ["", "../up", "a b", "x" * 101, "digits", "-dash"])
