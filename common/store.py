@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,8 @@ SCHEMES = ("gs", "file")
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 # gcsfs logs a traceback for each retried or fallen-back call; StoreError carries the cause.
 logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
+# aiohttp warns on every single-request upload gcsfs makes of a small file (a few MB).
+warnings.filterwarnings("ignore", "Sending a large body directly", ResourceWarning)
 
 
 class StoreError(OSError):

@@ -54,9 +54,9 @@ def _unshare_works() -> bool:
 
 
 def _machine_env(data: Path, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "TRAINDECK_DATA": str(data), "PYTHONPATH": str(REPO), **extra}
+    env = {**os.environ, "TRAINDECK_DATA": str(data), "PYTHONPATH": str(REPO)}
     env.pop("TRAINDECK_FAILPOINTS", None)
-    return env
+    return {**env, **extra}
 
 
 def _on_machine(args: list[str], hide: list[Path]) -> list[str]:
@@ -78,8 +78,9 @@ def _on_machine(args: list[str], hide: list[Path]) -> list[str]:
 
 
 def _start_worker(data: Path, hide: list[Path], **extra: str) -> subprocess.Popen[str]:
+    """A worker that polls until it has run one job (requeueing jobs whose worker died)."""
     return subprocess.Popen(
-        _on_machine(["-m", "worker", "--once"], hide),
+        _on_machine(["-m", "worker", "--max-jobs", "1", "--poll-interval", "0.5"], hide),
         cwd=REPO,
         env=_machine_env(data, **FAST_HEARTBEATS, **extra),
         stdout=subprocess.PIPE,
@@ -127,7 +128,7 @@ def _predict(data: Path, hide: list[Path], job_id: int, image: Path) -> list:
     answer = _traindeck(data, hide, "worker", "predict", "--job", str(job_id), str(image), "--json")
     predictions = json.loads(answer.stdout)["predictions"]
     return [
-        (p["image"], [(t["class"], round(t["probability"], 4)) for t in p["top"]])
+        (Path(p["image"]).name, [(t["class"], round(t["probability"], 4)) for t in p["top"]])
         for p in predictions
     ]
 
@@ -169,6 +170,7 @@ def test_a_preempted_worker_s_job_resumes_on_another_from_the_store(
     worker_b.wait()
     if where == "bucket":
         shutil.rmtree(data["B"])
+        data["B"].mkdir()  # an empty folder, for the other machines to hide
 
     # C finds the job abandoned, claims it and resumes from the newest checkpoint.
     worker_c = _start_worker(data["C"], hidden["C"])
