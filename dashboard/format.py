@@ -5,10 +5,12 @@ error, a device, a worker id, a class name, a CSV label, a file name, an excepti
 address's query parameters) inside anything Streamlit renders as Markdown: `st.markdown`,
 `st.caption`, `st.title`, `st.error`/`warning`/`info`/`success`, a metric, an image caption, a
 widget or expander label. Selectbox options and dataframe cells are shown as text already.
+`chart_text(text)` does the same for a plotly chart's labels, which know some HTML.
 """
 
 from __future__ import annotations
 
+import html
 import re
 from datetime import datetime
 
@@ -35,6 +37,12 @@ def plain(text: object) -> str:
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     # A backslash at the end of a line is a hard line break in CommonMark.
     return "\\\n".join(_MARKDOWN_PUNCTUATION.sub(r"\\\1", line) for line in lines)
+
+
+def chart_text(text: object) -> str:
+    """`text` for a plotly chart's labels (axis categories, legend names), which render a few
+    HTML tags (`<a href>` becomes a link): escaped, so that it shows as it is."""
+    return html.escape(str(text), quote=False)
 
 
 def duration(seconds: float | None) -> str:

@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from common import store
+from dashboard.format import chart_text, plain
 from datasets.images import open_image
 from db.engine import Engine
 from db.exports import ArtifactUnavailable, gone_message, read_verified, recorded_artifact
@@ -50,6 +51,7 @@ def confusion_figure(
     classes: list[str], confusion: list[list[int]], share_of_actual: bool = False
 ) -> go.Figure:
     """Rows: the actual class, columns: the predicted one; optionally each row as shares."""
+    classes = [chart_text(name) for name in classes]  # plotly renders some HTML in labels
     counts = np.array(confusion, dtype=float)
     values = counts
     if share_of_actual:
@@ -108,11 +110,22 @@ def most_confused(
     return sorted(mistakes, key=lambda mistake: -mistake[2])[:limit]
 
 
+# A cell starting with one of these is a formula to a spreadsheet (CSV injection): `=HYPERLINK(…)`
+# in a file name or a class name would run when the file is opened.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: object) -> str:
+    """`value` as a CSV cell a spreadsheet shows as text: a formula start gets a `'` before it."""
+    text = str(value)
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
 def predictions_csv(predictions: list[list[str]]) -> bytes:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(["path", "actual", "predicted"])
-    writer.writerows(predictions)
+    writer.writerows([csv_cell(cell) for cell in row] for row in predictions)
     return buffer.getvalue().encode("utf-8")
 
 
@@ -213,7 +226,10 @@ def show_interpretation(result: Result) -> None:
         if mistakes:
             st.markdown("**Most confused** (actual → predicted)")
             st.markdown(
-                "\n".join(f"- {actual} → {predicted}: {n}" for actual, predicted, n in mistakes)
+                "\n".join(
+                    f"- {plain(actual)} → {plain(predicted)}: {n}"
+                    for actual, predicted, n in mistakes
+                )
             )
         st.download_button(
             "Validation predictions (CSV)",
@@ -238,8 +254,8 @@ def show_top_losses(result: Result) -> None:
         for column, loss in zip(st.columns(TOP_LOSS_COLUMNS), row, strict=False):
             name = loss["path"].replace("\\", "/").rsplit("/", 1)[-1]
             caption = (
-                f"{loss['actual']} → {loss['predicted']} · p {loss['probability']:.2f} · "
-                f"loss {loss['loss']:.2f} · {name}"
+                f"{plain(loss['actual'])} → {plain(loss['predicted'])} · "
+                f"p {loss['probability']:.2f} · loss {loss['loss']:.2f} · {plain(name)}"
             )
             with column:
                 if loss.get("thumbnail"):
@@ -273,10 +289,10 @@ def predict_box(engine: Engine, job_id: int, classes: list[str] | None) -> None:
     try:
         predictions = predict_uploads(engine, job_id, files, int(top_k))
     except ArtifactUnavailable as exc:
-        st.error(f"Cannot predict: {exc}.", icon=":material/gpp_bad:")
+        st.error(f"Cannot predict: {plain(exc)}.", icon=":material/gpp_bad:")
         return
     except ModelLoadError as exc:
-        st.error(f"Cannot predict: {exc}.", icon=":material/error:")
+        st.error(f"Cannot predict: {plain(exc)}.", icon=":material/error:")
         return
     for (_, data), prediction in zip(files, predictions, strict=True):
         show_prediction(data, prediction)
@@ -284,14 +300,14 @@ def predict_box(engine: Engine, job_id: int, classes: list[str] | None) -> None:
 
 def show_prediction(data: bytes, prediction: Prediction) -> None:
     if prediction.error is not None:
-        st.error(prediction.error, icon=":material/broken_image:")
+        st.error(plain(prediction.error), icon=":material/broken_image:")
         return
     with st.container(border=True):
         picture, numbers = st.columns([1, 4])
         picture.image(open_image(data), width=UPLOAD_PREVIEW_WIDTH)
         best = prediction.top[0]
         numbers.markdown(
-            f"**{best.label}** · {best.probability:.2%} · `{prediction.name}` · "
+            f"**{plain(best.label)}** · {best.probability:.2%} · {plain(prediction.name)} · "
             f"{prediction.latency_s * 1000:.1f} ms"
         )
         numbers.dataframe(
@@ -314,21 +330,21 @@ def model_card_box(engine: Engine, job_id: int) -> None:
     try:
         artifact = recorded_artifact(engine, job_id, "model_card")
     except ArtifactUnavailable as exc:  # a job trained before model cards existed
-        st.caption(f"No model card: {exc}.")
+        st.caption(f"No model card: {plain(exc)}.")
         return
     try:
         data = read_verified(artifact)
         card = json.loads(data)
     except ArtifactUnavailable as exc:
-        st.warning(f"The model card cannot be shown: {exc}.")
+        st.warning(f"The model card cannot be shown: {plain(exc)}.")
         return
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        st.warning(f"The model card of job #{job_id} is not readable JSON ({exc}).")
+        st.warning(f"The model card of job #{job_id} is not readable JSON ({plain(exc)}).")
         return
     export = card.get("export", {})
     st.caption(
         f"Spec, dataset, classes, final metrics, library versions and the export's SHA-256 "
-        f"(`{str(export.get('sha256', ''))[:16]}…`)."
+        f"({plain(str(export.get('sha256', ''))[:16])}…)."
     )
     st.download_button(
         "Download the model card (JSON)",

@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts
+from dashboard.format import chart_text
 from dashboard.state import get_engine
 from db.jobs_table import JobRow, job_rows
 from db.series import Buckets, snapshot
@@ -59,8 +60,9 @@ selected = [by_id[job_id] for job_id in chosen]
 show_all = st.toggle("Show every spec field (not only those that differ)", key="compare.all")
 st.dataframe(parameters_table(selected, show_all), hide_index=True, width="stretch")
 
-series = {
-    f"#{row.id} {row.name}": snapshot(get_engine(), row.id, MAX_BUCKETS).series for row in selected
+series = {  # legend names: plotly renders some HTML in them
+    f"#{row.id} {chart_text(row.name)}": snapshot(get_engine(), row.id, MAX_BUCKETS).series
+    for row in selected
 }
 losses = {label: s["batch/train_loss"] for label, s in series.items() if "batch/train_loss" in s}
 if losses:

@@ -11,7 +11,7 @@ import streamlit as st
 
 from common.errors import first_line
 from dashboard.actions import flash, show_flashes
-from dashboard.format import plain
+from dashboard.format import chart_text, plain
 from dashboard.state import require_database
 from datasets.items import dataset_items, preview_items, split_counts
 from datasets.labelling import PETS_LABEL_REGEX, DatasetError
@@ -185,13 +185,14 @@ def class_chart(
     class_counts: dict[str, int], splits: dict[str, dict[str, int]] | None
 ) -> go.Figure:
     classes = sorted(class_counts)
+    shown = [chart_text(name) for name in classes]  # plotly renders some HTML in labels
     figure = go.Figure()
     if splits:
         for part in ("train", "valid"):
-            figure.add_bar(name=part, x=classes, y=[splits[part].get(c, 0) for c in classes])
+            figure.add_bar(name=part, x=shown, y=[splits[part].get(c, 0) for c in classes])
         figure.update_layout(barmode="stack")
     else:
-        figure.add_bar(name="images", x=classes, y=[class_counts[c] for c in classes])
+        figure.add_bar(name="images", x=shown, y=[class_counts[c] for c in classes])
     figure.update_layout(
         title="Images per class",
         xaxis_title="class",

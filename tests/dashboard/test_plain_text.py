@@ -14,6 +14,8 @@ to a link or an image. tests/dashboard/test_plain_text_browser.py checks the sam
 from __future__ import annotations
 
 import csv
+import io
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,12 +23,15 @@ import pytest
 from sqlalchemy import update
 from streamlit.testing.v1 import AppTest
 
-from dashboard.format import plain
+from dashboard.format import chart_text, plain
+from dashboard.results_view import predictions_csv
 from datasets.register import register_csv
 from db import queue
 from db.engine import dispose_engines, write_tx
 from db.models import Worker, utcnow
+from db.results import save_results
 from db.workers import register_worker
+from tests.support import seed
 from tests.support.images import colour_for, write_image
 from tests.support.markdown import links_and_images, shown
 
@@ -208,3 +213,69 @@ def test_plain_renders_as_exactly_the_text(text: str):
     assert shown(plain(text)) == text.strip()
     assert links_and_images(plain(text)) == []
     assert "\\" not in plain("plain words 42")  # letters, digits and spaces stay as they are
+
+
+@pytest.fixture
+def job_with_results(sqlite_engine) -> int:
+    """A succeeded job whose results carry Markdown and HTML in a class name and a file name."""
+    job_id, _ = seed.finished_job(sqlite_engine, name="classes run")
+    classes = [INJECTED, "cat"]
+    save_results(
+        sqlite_engine,
+        job_id,
+        classes=classes,
+        confusion=[[3, 2], [1, 4]],
+        per_class=[
+            {"class": name, "precision": 0.5, "recall": 0.5, "support": 5} for name in classes
+        ],
+        top_losses=[
+            {
+                "path": f"valid/{INJECTED}.png",
+                "actual": INJECTED,
+                "predicted": "cat",
+                "probability": 0.9,
+                "loss": 2.5,
+                "thumbnail": None,
+            }
+        ],
+        predictions=[["valid/a.png", INJECTED, "cat"], ['=HYPERLINK("x")', "cat", "cat"]],
+        accuracy=0.7,
+        valid_loss=0.8,
+    )
+    return job_id
+
+
+def test_the_results_tab_shows_class_names_as_text(job_with_results: int):
+    at = open_page("pages/job.py", job=job_with_results)
+    at.session_state["job.tab"] = "Results"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    texts = assert_shown_as_text(at, f"{INJECTED} → cat: 2", f"{INJECTED} → cat · p 0.90")
+    # The top loss without a thumbnail: its caption, the file name last (after its last /).
+    assert any(
+        text.startswith(f"{INJECTED} → cat") and text.endswith("phish).png (image not readable)")
+        for text in texts
+    )
+    # The confusion matrix's axes: plotly renders <a href> in labels; the names are escaped.
+    (chart,) = [c for c in at.get("plotly_chart") if "heatmap" in c.proto.spec]
+    trace = json.loads(chart.proto.spec)["data"][0]
+    assert trace["x"] == [chart_text(INJECTED), "cat"]
+    assert (
+        chart_text('<a href="http://t/">x</a> & y')
+        == '&lt;a href="http://t/"&gt;x&lt;/a&gt; &amp; y'
+    )
+
+
+def test_the_predictions_csv_neutralises_formulas():
+    rows = [
+        ['=HYPERLINK("http://t/","x")', "+cmd", "-2+3"],
+        ["@SUM(A1)", "\tTAB", "\rCR"],
+        ["plain/a.png", "cat", "dog"],
+    ]
+    parsed = list(csv.reader(io.StringIO(predictions_csv(rows).decode("utf-8"))))
+    assert parsed == [
+        ["path", "actual", "predicted"],
+        ['\'=HYPERLINK("http://t/","x")', "'+cmd", "'-2+3"],
+        ["'@SUM(A1)", "'\tTAB", "'\rCR"],
+        ["plain/a.png", "cat", "dog"],
+    ]

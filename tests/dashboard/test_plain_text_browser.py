@@ -26,7 +26,9 @@ from datasets.register import register_csv
 from db import queue
 from db.engine import write_tx
 from db.models import Worker, utcnow
+from db.results import save_results
 from db.workers import register_worker
+from tests.support import seed
 from tests.support.browser import CHROMIUM, chromium, new_page, running_dashboard
 from tests.support.images import colour_for, write_image
 
@@ -80,6 +82,11 @@ def injected(tracker: Tracker, where: str) -> str:
     return f"![x]({tracker.base}/{where}.png) [y]({tracker.base}/{where})"
 
 
+def injected_html(tracker: Tracker, where: str) -> str:
+    """What a plotly label would draw as a link (plotly knows a few HTML tags)."""
+    return f'<a href="{tracker.base}/{where}">{where}</a>'
+
+
 @pytest.fixture
 def seeded(sqlite_engine, data_dir: Path, tracker: Tracker) -> dict[str, str | int]:
     """Jobs, a worker and a dataset whose outside strings carry Markdown aimed at the tracker."""
@@ -108,7 +115,7 @@ def seeded(sqlite_engine, data_dir: Path, tracker: Tracker) -> dict[str, str | i
             .values(heartbeat_at=utcnow() - timedelta(minutes=10))
         )
 
-    label = injected(tracker, "label")
+    label = injected(tracker, "label") + injected_html(tracker, "chart-label")
     folder = data_dir / "injected"
     rows = []
     for index, row_label in enumerate([label, label, "cat", "cat"]):
@@ -117,8 +124,34 @@ def seeded(sqlite_engine, data_dir: Path, tracker: Tracker) -> dict[str, str | i
     with open(folder / "labels.csv", "w", newline="") as handle:
         csv.writer(handle).writerows([["file", "label"], *rows])
     register_csv(sqlite_engine, "injected", folder / "labels.csv")
+
+    class_name = injected(tracker, "class") + injected_html(tracker, "chart-class")
+    finished, _ = seed.finished_job(sqlite_engine, name="classes run")
+    save_results(
+        sqlite_engine,
+        finished,
+        classes=[class_name, "cat"],
+        confusion=[[3, 2], [1, 4]],
+        per_class=[
+            {"class": c, "precision": 0.5, "recall": 0.5, "support": 5} for c in (class_name, "cat")
+        ],
+        top_losses=[
+            {
+                "path": "valid/a.png",
+                "actual": class_name,
+                "predicted": "cat",
+                "probability": 0.9,
+                "loss": 2.5,
+                "thumbnail": None,
+            }
+        ],
+        predictions=[["valid/a.png", class_name, "cat"]],
+        accuracy=0.7,
+        valid_loss=0.8,
+    )
     return {"job": claimed.id, "name": name, "error": error, "device": device,
-            "worker": worker, "label": label, "query": injected(tracker, "query")}  # fmt: skip
+            "worker": worker, "label": label, "query": injected(tracker, "query"),
+            "finished": finished, "class": class_name}  # fmt: skip
 
 
 @pytest.fixture
@@ -139,8 +172,9 @@ def _wait_for_text(page, literal: str) -> None:
 def _nothing_aimed_at(page, tracker: Tracker) -> None:
     """No image or link on the page points at the tracker (whatever has loaded yet)."""
     drawn = page.evaluate(
-        """(base) => [...document.querySelectorAll('img[src], a[href]')]
-            .map(e => e.getAttribute('src') || e.getAttribute('href'))
+        """(base) => [...document.querySelectorAll('img, a, image')]
+            .map(e => e.getAttribute('src') || e.getAttribute('href')
+                      || e.getAttribute('xlink:href') || '')
             .filter(address => address.startsWith(base))""",
         tracker.base,
     )
@@ -170,11 +204,21 @@ def test_no_page_fetches_or_links_what_outside_text_points_at(
         ("/workers", "Their running jobs go back", [f"from: {seeded['worker']}."]),
         # The preview's images come before this expander, so they are drawn once it is.
         ("/datasets", "Remove this dataset", [seeded["label"]]),
+        # The Results tab (opened below): the class names, and the confusion matrix's axes.
+        (f"/job?job={seeded['finished']}", "Most confused", [f"{seeded['class']} → cat: 2"]),
     ]
     with chromium() as browser:
         page = new_page(browser)
         for path, anchor, literals in visits:
             page.goto(dashboard_url + path)
+            if anchor == "Most confused":
+                page.get_by_role("tab", name="Results").click()
+                # The confusion matrix drawn with its axis labels.
+                page.wait_for_function(
+                    """() => [...document.querySelectorAll('.js-plotly-plot')].some(plot =>
+                        plot._fullData?.[0]?.type === 'heatmap'
+                        && plot.querySelectorAll('.xtick text').length === 2)"""
+                )
             _wait_for_text(page, anchor)
             # Whatever the page asked for is fetched before this returns (the websocket stays
             # open and does not count).
