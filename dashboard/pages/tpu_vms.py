@@ -11,6 +11,7 @@ jobs of a node that was preempted, terminated or stopped go back to the queue at
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Callable
@@ -51,10 +52,11 @@ from cloud.tpu import (
     suggested_runtime_version,
 )
 from common import config
+from common.errors import mask_passwords
 from dashboard.format import plain
 from dashboard.state import get_engine
 from db import queue
-from db.engine import DatabaseError, Engine
+from db.engine import DatabaseError, Engine, printable_url
 from db.workers import list_workers
 
 NODES_REFRESH_S = 15
@@ -349,7 +351,7 @@ def _node_actions(vms: TpuVms, engine: Engine, nodes: list[NodeInfo]) -> None:
         st.caption(f"Health: {node.health_description}")
     with st.expander(f"Startup script of {node.name}"):
         if node.startup_script:
-            st.code(node.startup_script, language="bash")
+            st.code(mask_passwords(node.startup_script), language="bash")
         else:
             st.caption("This node has no startup script, so it starts no traindeck worker.")
 
@@ -404,12 +406,17 @@ def _bootstrap_settings(name: str) -> BootstrapSettings:
         help="Where the VM downloads traindeck from; it must reach it.",
     )
     source_ref = ref.text_input("Git branch or tag", value=DEFAULT_SOURCE_REF, key="tpu_new_ref")
+    # Shown with its password masked; left as shown, the real one is used.
+    configured = os.environ.get(WORKER_DATABASE_URL_ENV) or config.database_url()
     database_url = st.text_input(
         "Database URL for the workers",
-        value=os.environ.get(WORKER_DATABASE_URL_ENV) or config.database_url(),
+        value=printable_url(configured),
         key="tpu_new_database_url",
-        help="The shared Postgres server, as the VM reaches it.",
+        help="The shared Postgres server, as the VM reaches it. Its password is shown as ***: "
+        f"left so, the one in {WORKER_DATABASE_URL_ENV} (or DATABASE_URL) is used.",
     )
+    if database_url.strip() == printable_url(configured):
+        database_url = configured
     data_dir = st.text_input("Data folder on the VM", value=DEFAULT_DATA_DIR, key="tpu_new_data")
     return BootstrapSettings(
         node_name=name.strip(),
@@ -482,6 +489,15 @@ def _machine_inputs(vms: TpuVms) -> tuple[dict[str, Any], str | None]:
     return machine, refusal
 
 
+def _unmask(edited: str, preview: str, generated: str) -> str:
+    """The edited script with each line that the preview masked (the database URL's) as the
+    generated script has it."""
+    for shown, real in zip(preview.splitlines(), generated.splitlines(), strict=True):
+        if shown != real:
+            edited = edited.replace(shown, real)
+    return edited
+
+
 def create_section(vms: TpuVms) -> None:
     @st.fragment
     def show() -> None:
@@ -496,18 +512,25 @@ def create_section(vms: TpuVms) -> None:
                 + "\n- ".join(problems)
             )
         else:
+            # Shown with the database password masked; the node gets it in full.
             generated = build_startup_script(settings)
-            digest = hashlib.sha256(generated.encode()).hexdigest()[:12]
-            script = st.text_area(
+            masked = dataclasses.replace(
+                settings, database_url=printable_url(settings.database_url)
+            )
+            preview = build_startup_script(masked)
+            digest = hashlib.sha256(preview.encode()).hexdigest()[:12]
+            edited = st.text_area(
                 "Startup script (you may edit it)",
-                value=generated,
+                value=preview,
                 height=360,
                 key=f"tpu_new_script_{digest}",
                 help="Changing a setting above writes a new script and drops your edits.",
             )
+            script = _unmask(edited, preview, generated)
             st.caption(
-                "The script, database URL included, is stored in the node's metadata: anyone "
-                "who may view the node can read it."
+                "The database password is shown as ***; the node gets it in full. The script, "
+                "database URL included, is stored in the node's metadata: anyone who may view "
+                "the node can read it."
             )
         disabled = bool(problems or refusal)
         if st.button("Create", key="tpu_create", type="primary", disabled=disabled):

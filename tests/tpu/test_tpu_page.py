@@ -106,7 +106,8 @@ def test_create_sends_the_edited_startup_script_and_shows_progress(
 
     script = _script_area(page).value
     assert "WORKER_ID=tpu-trainer-1" in script
-    assert f"DATABASE_URL={WORKER_DATABASE_URL}" in script
+    # The preview masks the password (tests/tpu/test_tpu_secrets.py); the node gets it.
+    assert "DATABASE_URL='postgresql://trainer:***@10.128.0.9:5432/traindeck'" in script
     assert page.selectbox(key="tpu_new_runtime_v5litepod-8").value == "v2-alpha-tpuv5-lite"
     edited = script.replace("RestartSec=15", "RestartSec=5")
     _script_area(page).set_value(edited)
@@ -115,7 +116,9 @@ def test_create_sends_the_edited_startup_script_and_shows_progress(
 
     (sent,) = fake_api.requests_of("POST", "/nodes")
     assert sent.query["nodeId"] == ["trainer-1"]
-    assert sent.body["metadata"]["startup-script"] == edited
+    assert sent.body["metadata"]["startup-script"] == edited.replace(
+        "'postgresql://trainer:***@10.128.0.9:5432/traindeck'", WORKER_DATABASE_URL
+    )
     assert sent.body["acceleratorType"] == "v5litepod-8"
     assert sent.body["runtimeVersion"] == "v2-alpha-tpuv5-lite"
     assert sent.body["schedulingConfig"] == {"spot": True}
