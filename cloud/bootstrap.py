@@ -4,10 +4,12 @@ The VM is a single host: `cloud.tpu` refuses an accelerator type whose slice spa
 hosts, since every host of such a slice would have to run the same program. Google runs a
 node's `startup-script` metadata as root at every boot. Ours installs Python 3.11, brings
 traindeck onto the VM (a git repository or a tarball), installs the pinned stack from
-traindeck's requirements.txt plus `torch_xla[tpu]` (which brings libtpu), and starts
-`python -m worker --worker-id tpu-<node name>` under systemd with `PJRT_DEVICE=TPU` and the
-shared `DATABASE_URL`. It is idempotent: a reboot (a stop and start of the node)
-reuses the virtual environment while requirements.txt is unchanged, and updates the code.
+traindeck's requirements.lock plus `torch_xla[tpu]` (which brings libtpu), and starts
+`python -m worker --worker-id tpu-<node name>` under systemd with `PJRT_DEVICE=TPU`, the
+shared `DATABASE_URL` and the shared store (`TRAINDECK_STORE`, a gs:// bucket: every file
+another machine needs goes through it). It is idempotent: a reboot (a stop and start of the
+node) reuses the virtual environment while requirements.lock is unchanged, and updates the
+code.
 
 The script is a fixed body that reads a few variables set at its top; the values are checked
 here (`BootstrapSettings.problems`) and shell-quoted, so nothing a person types can turn into
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from cloud.tpu import NODE_NAME_PATTERN, worker_id_for_node
+from common.store import StoreError, validate_store_url
 
 TORCH_XLA_VERSION = "2.9.0"  # must match requirements.txt (a test checks)
 TORCH_XLA_REQUIREMENT = f"torch_xla[tpu]=={TORCH_XLA_VERSION}"
@@ -47,6 +50,8 @@ class BootstrapSettings:
     source_url: str
     source_ref: str = DEFAULT_SOURCE_REF
     data_dir: str = DEFAULT_DATA_DIR
+    # The bucket the dashboard and every worker share (TRAINDECK_STORE); empty: none.
+    store_url: str = ""
 
     @property
     def worker_id(self) -> str:
@@ -62,6 +67,7 @@ class BootstrapSettings:
         if not NODE_NAME_PATTERN.match(self.node_name):
             found.append(f"The node name {self.node_name!r} is not a valid TPU VM name.")
         found += database_url_problems(self.database_url)
+        found += store_url_problems(self.store_url)
         if not self.source_url:
             found.append(
                 "Say where the VM gets traindeck: a git URL (https://…/traindeck.git) or a "
@@ -116,6 +122,26 @@ def database_url_problems(url: str) -> list[str]:
     return found
 
 
+STORE_NOT_SHARED = (
+    "The store is a folder on this machine, and workers on other machines cannot read this "
+    "machine's folder: set TRAINDECK_STORE to a gs:// bucket (gs://BUCKET/PREFIX), for the "
+    "dashboard and the workers alike."
+)
+
+
+def store_url_problems(url: str) -> list[str]:
+    """Why `url` cannot be the store that the dashboard and the VM's worker share, if it cannot."""
+    if not url.strip():
+        return [STORE_NOT_SHARED]
+    try:
+        validate_store_url(url.strip())
+    except StoreError as exc:
+        return [str(exc)]
+    if _UNSAFE_IN_ENV_FILE.search(url.strip()):
+        return ["The store URL contains a space, a quote, a backslash, '$' or '`'."]
+    return []
+
+
 def build_startup_script(settings: BootstrapSettings) -> str:
     """The startup script for `settings` (which must have no `problems()`)."""
     problems = settings.problems()
@@ -126,6 +152,7 @@ def build_startup_script(settings: BootstrapSettings) -> str:
         "SOURCE_URL": settings.source_url,
         "SOURCE_REF": settings.source_ref,
         "DATABASE_URL": settings.database_url.strip(),
+        "TRAINDECK_STORE": validate_store_url(settings.store_url.strip()),
         "TRAINDECK_DATA": settings.data_dir,
         "TORCH_XLA_REQUIREMENT": TORCH_XLA_REQUIREMENT,
     }
@@ -168,10 +195,10 @@ fetch_source() {
             curl -fsSL --retry 5 "$SOURCE_URL" | tar -xz -C "$SRC.new"
             # The tarball holds traindeck at its top or in one folder (as git archives do).
             local top
-            top=$(find "$SRC.new" -maxdepth 2 -name requirements.txt -printf '%h\n' \
+            top=$(find "$SRC.new" -maxdepth 2 -name requirements.lock -printf '%h\n' \
                 | sort | head -n 1)
             if [ -z "$top" ]; then
-                echo "error: $SOURCE_URL holds no requirements.txt: is it traindeck?" >&2
+                echo "error: $SOURCE_URL holds no requirements.lock: is it traindeck?" >&2
                 return 1
             fi
             rm -rf "$SRC"
@@ -192,14 +219,15 @@ fetch_source() {
 
 install_python_stack() {
     local stamp
-    stamp="$(sha256sum "$SRC/requirements.txt" | cut -d' ' -f1) $TORCH_XLA_REQUIREMENT"
+    stamp="$(sha256sum "$SRC/requirements.lock" | cut -d' ' -f1) $TORCH_XLA_REQUIREMENT"
     if [ "$(cat "$VENV/.traindeck-stamp" 2>/dev/null || true)" = "$stamp" ]; then
         return
     fi
     rm -rf "$VENV"
     python3.11 -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    "$VENV/bin/python" -m pip install --quiet -r "$SRC/requirements.txt" "$TORCH_XLA_REQUIREMENT"
+    # The lock pins every package (make lock); torch_xla[tpu] and libtpu come on top.
+    "$VENV/bin/python" -m pip install --quiet -r "$SRC/requirements.lock" "$TORCH_XLA_REQUIREMENT"
     echo "$stamp" >"$VENV/.traindeck-stamp"
 }
 
@@ -210,6 +238,7 @@ write_worker_service() {
         umask 077
         cat >"$ENV_FILE" <<ENV
 DATABASE_URL=$DATABASE_URL
+TRAINDECK_STORE=$TRAINDECK_STORE
 TRAINDECK_DATA=$TRAINDECK_DATA
 PJRT_DEVICE=TPU
 ENV

@@ -28,6 +28,7 @@ from cloud.bootstrap import (
     build_startup_script,
 )
 from cloud.tpu import (
+    CLOUD_PLATFORM_SCOPE,
     COMMON_ACCELERATOR_TYPES,
     CREDENTIALS_ENV,
     AcceleratorShape,
@@ -51,7 +52,7 @@ from cloud.tpu import (
     request_from_node,
     suggested_runtime_version,
 )
-from common import config
+from common import config, store
 from common.errors import mask_passwords
 from dashboard.format import plain
 from dashboard.state import get_engine
@@ -60,6 +61,10 @@ from db.engine import DatabaseError, Engine, printable_url
 from db.workers import list_workers
 
 NODES_REFRESH_S = 15
+# What the VM's service account needs on the bucket: objects are listed, created, read and
+# deleted (roles/storage.objectAdmin), with an access scope that allows writing data.
+STORAGE_ROLE = "roles/storage.objectAdmin"
+STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 OPERATIONS_REFRESH_S = 3
 SOURCE_URL_ENV = "TRAINDECK_SOURCE_URL"
 WORKER_DATABASE_URL_ENV = "TRAINDECK_WORKER_DATABASE_URL"
@@ -424,6 +429,30 @@ def _bootstrap_settings(name: str) -> BootstrapSettings:
         source_url=source_url.strip(),
         source_ref=source_ref.strip(),
         data_dir=data_dir.strip(),
+        store_url=_shared_store(),
+    )
+
+
+def _shared_store() -> str:
+    """The bucket this dashboard uses, which the VM's worker must share; empty when the store
+    is this machine's folder (BootstrapSettings.problems then says why no VM can be created)."""
+    try:
+        return store.store_url() if store.is_shared() else ""
+    except (store.StoreError, ValueError):  # a malformed TRAINDECK_STORE
+        return os.environ.get(store.STORE_ENV, "")
+
+
+def _storage_access(store_url: str) -> None:
+    """What the VM's service account needs to use the bucket."""
+    bucket = store_url.removeprefix("gs://").split("/", 1)[0]
+    st.caption(
+        plain(
+            f"The worker gets {store.STORE_ENV}={store_url}: datasets, checkpoints, exports "
+            f"and model cards go through the bucket {bucket}. The VM runs as the project's "
+            f"default Compute Engine service account (this page names none), which needs the "
+            f"IAM role {STORAGE_ROLE} on {bucket}; if the VM's access scopes are restricted, "
+            f"they must include {STORAGE_SCOPE} (or {CLOUD_PLATFORM_SCOPE})."
+        )
     )
 
 
@@ -527,6 +556,7 @@ def create_section(vms: TpuVms) -> None:
                 help="Changing a setting above writes a new script and drops your edits.",
             )
             script = _unmask(edited, preview, generated)
+            _storage_access(settings.store_url)
             st.caption(
                 "The database password is shown as ***; the node gets it in full. The script, "
                 "database URL included, is stored in the node's metadata: anyone who may view "

@@ -9,3 +9,7 @@ ZONE = "us-central2-b"
 
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+# The bucket the dashboard and the TPU VMs' workers share in the TPU tests (never reached).
+STORE_URL = "gs://traindeck-shared/td"

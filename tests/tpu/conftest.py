@@ -16,7 +16,7 @@ import pytest
 
 from cloud.tpu import TpuVms, api_endpoint, load_credentials, make_client
 from tests.support.fake_tpu_api import FakeTpuApi
-from tests.support.tpu import LOOPBACK_HOSTS, PROJECT, ZONE
+from tests.support.tpu import LOOPBACK_HOSTS, PROJECT, STORE_URL, ZONE
 
 
 @pytest.fixture(autouse=True)
@@ -50,6 +50,9 @@ def _tpu_environment(fake_api: FakeTpuApi, tmp_path: Path, monkeypatch: pytest.M
     gcloud.mkdir()
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(gcloud))
     monkeypatch.setenv("GCE_METADATA_IP", fake_api.address)
+    # The page creates workers only with a store other machines can read; nothing here
+    # reaches the bucket.
+    monkeypatch.setenv("TRAINDECK_STORE", STORE_URL)
 
 
 @pytest.fixture

@@ -15,14 +15,18 @@ from pathlib import Path
 import pytest
 
 from cloud.bootstrap import (
+    STORE_NOT_SHARED,
     TORCH_XLA_VERSION,
     BootstrapSettings,
     build_startup_script,
     database_url_problems,
+    store_url_problems,
 )
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DATABASE_URL = "postgresql+psycopg://trainer:p%40ss;w&rd@10.128.0.9:5432/traindeck"
+STORE_URL = "gs://traindeck-shared/td"
+LOCK = "torch==2.9.0 \\\n    --hash=sha256:00\n"
 
 
 def _settings(**changes) -> BootstrapSettings:
@@ -30,6 +34,7 @@ def _settings(**changes) -> BootstrapSettings:
         "node_name": "spot-1",
         "database_url": DATABASE_URL,
         "source_url": "https://github.com/example/traindeck.git",
+        "store_url": STORE_URL,
         **changes,
     }
     return BootstrapSettings(**fields)
@@ -61,7 +66,10 @@ def test_the_script_is_valid_bash_with_the_pinned_stack_and_the_worker_id():
     assert syntax.returncode == 0, syntax.stderr
     assert "WORKER_ID=tpu-spot-1\n" in script
     assert "TORCH_XLA_REQUIREMENT='torch_xla[tpu]==2.9.0'" in script
-    assert 'pip install --quiet -r "$SRC/requirements.txt" "$TORCH_XLA_REQUIREMENT"' in script
+    assert 'pip install --quiet -r "$SRC/requirements.lock" "$TORCH_XLA_REQUIREMENT"' in script
+    stamp = 'stamp="$(sha256sum "$SRC/requirements.lock" | cut -d\' \' -f1) $TORCH_XLA_REQUIREMENT"'
+    assert stamp in script
+    assert f"TRAINDECK_STORE={STORE_URL}\n" in script
     assert "python3.11 -m venv" in script
     assert "ExecStart=$VENV/bin/python -m worker --worker-id $WORKER_ID" in script
     assert "PJRT_DEVICE=TPU" in script
@@ -76,7 +84,8 @@ def test_values_reach_bash_exactly_as_typed(tmp_path: Path):
     settings = _settings(source_ref="release/1.2", data_dir="/mnt/shared_data")
     result = _run_steps(
         build_startup_script(settings),
-        'printf "%s\\n" "$WORKER_ID" "$DATABASE_URL" "$SOURCE_URL" "$SOURCE_REF"',
+        'printf "%s\\n" "$WORKER_ID" "$DATABASE_URL" "$SOURCE_URL" "$SOURCE_REF" '
+        '"$TRAINDECK_STORE"',
         tmp_path,
     )
 
@@ -86,6 +95,7 @@ def test_values_reach_bash_exactly_as_typed(tmp_path: Path):
         DATABASE_URL,
         "https://github.com/example/traindeck.git",
         "release/1.2",
+        STORE_URL,
     ]
 
 
@@ -115,6 +125,7 @@ def test_settings_that_cannot_work_are_named():
     with pytest.raises(ValueError, match="is not a valid TPU VM name"):
         build_startup_script(bad)
     assert _settings(source_url="").problems()[0].startswith("Say where the VM gets traindeck")
+    assert _settings(store_url="").problems() == [STORE_NOT_SHARED]
     tarball = _settings(source_url="https://example.com/traindeck-1.0.tar.gz", source_ref="")
     assert tarball.problems() == [] and tarball.source_is_tarball
     assert _settings(source_url="git@github.com:example/traindeck.git").problems() == []
@@ -122,7 +133,12 @@ def test_settings_that_cannot_work_are_named():
 
 def _tarball(path: Path, top: str) -> None:
     with tarfile.open(path, "w:gz") as archive:
-        for name, text in (("requirements.txt", "torch==2.9.0\n"), ("worker/__init__.py", "")):
+        files = (
+            ("requirements.txt", "torch==2.9.0\n"),
+            ("requirements.lock", LOCK),
+            ("worker/__init__.py", ""),
+        )
+        for name, text in files:
             data = text.encode()
             info = tarfile.TarInfo(f"{top}{name}")
             info.size = len(data)
@@ -143,6 +159,7 @@ def test_fetch_source_unpacks_a_tarball_with_or_without_a_top_folder(tmp_path: P
     assert result.returncode == 0, result.stderr
     source = tmp_path / "opt" / "src"
     assert (source / "requirements.txt").read_text() == "torch==2.9.0\n"
+    assert (source / "requirements.lock").read_text() == LOCK
     assert (source / "worker" / "__init__.py").is_file()
     assert not (tmp_path / "opt" / "src.new").exists()
 
@@ -163,7 +180,8 @@ def test_fetch_source_clones_then_updates_a_git_repository(tmp_path: Path):
     origin.mkdir()
     _git("init", "--quiet", "--initial-branch=main", cwd=origin)
     (origin / "requirements.txt").write_text("torch==2.9.0\n")
-    _git("add", "requirements.txt", cwd=origin)
+    (origin / "requirements.lock").write_text(LOCK)
+    _git("add", "requirements.txt", "requirements.lock", cwd=origin)
     _git("commit", "--quiet", "-m", "first", cwd=origin)
     script = build_startup_script(_settings()).replace(
         "SOURCE_URL=https://github.com/example/traindeck.git", f"SOURCE_URL=file://{origin}"
@@ -171,6 +189,7 @@ def test_fetch_source_clones_then_updates_a_git_repository(tmp_path: Path):
 
     first = _run_steps(script, "fetch_source", tmp_path)
     (origin / "requirements.txt").write_text("torch==2.9.0\nfastai==2.8.12\n")
+    (origin / "requirements.lock").write_text(LOCK + "fastai==2.8.12\n")
     _git("commit", "--quiet", "-am", "second", cwd=origin)
     second = _run_steps(script, "fetch_source", tmp_path)
 
@@ -178,6 +197,7 @@ def test_fetch_source_clones_then_updates_a_git_repository(tmp_path: Path):
     assert second.returncode == 0, second.stderr
     requirements = tmp_path / "opt" / "src" / "requirements.txt"
     assert requirements.read_text() == "torch==2.9.0\nfastai==2.8.12\n"
+    assert requirements.with_name("requirements.lock").read_text() == LOCK + "fastai==2.8.12\n"
 
 
 def test_a_tarball_without_traindeck_is_refused(tmp_path: Path):
@@ -191,7 +211,7 @@ def test_a_tarball_without_traindeck_is_refused(tmp_path: Path):
     result = _run_steps(script, "fetch_source", tmp_path)
 
     assert result.returncode != 0
-    assert "holds no requirements.txt: is it traindeck?" in result.stderr
+    assert "holds no requirements.lock: is it traindeck?" in result.stderr
 
 
 def test_the_worker_service_runs_python_m_worker_with_the_shared_database(tmp_path: Path):
@@ -201,6 +221,7 @@ def test_the_worker_service_runs_python_m_worker_with_the_shared_database(tmp_pa
     environment = tmp_path / "etc" / "traindeck" / "worker.env"
     assert environment.read_text().splitlines() == [
         f"DATABASE_URL={DATABASE_URL}",
+        f"TRAINDECK_STORE={STORE_URL}",
         f"TRAINDECK_DATA={tmp_path}/data",
         "PJRT_DEVICE=TPU",
     ]
@@ -241,3 +262,47 @@ def test_the_script_serves_one_host_and_claims_nothing_about_slices(tmp_path: Pa
         "systemctl restart traindeck-worker.service",
         "== traindeck worker tpu-spot-1 started; follow it: journalctl -u traindeck-worker -f",
     ]
+
+
+def test_store_urls_a_worker_cannot_share_are_named():
+    assert store_url_problems("") == [STORE_NOT_SHARED]
+    assert "workers on other machines cannot read this machine's folder" in STORE_NOT_SHARED
+    assert "is not a store URL" in store_url_problems("file:///srv/store")[0]
+    assert "is not a store URL" in store_url_problems("s3://bucket/td")[0]
+    assert "a space, a quote" in store_url_problems("gs://bucket/my td")[0]
+    assert store_url_problems("gs://traindeck-shared") == []
+    script = build_startup_script(_settings(store_url="gs://traindeck-shared/td/"))
+    assert "TRAINDECK_STORE=gs://traindeck-shared/td\n" in script
+
+
+def test_the_stack_is_installed_from_the_lock_once_per_lock(tmp_path: Path):
+    """The venv is made and the lock installed; a reboot with the same lock (and torch_xla)
+    reuses it; a changed lock installs again."""
+    source = tmp_path / "opt" / "src"
+    source.mkdir(parents=True)
+    (source / "requirements.lock").write_text(LOCK)
+    calls = tmp_path / "calls"
+    # python3.11 -m venv DIR makes DIR/bin/python, which logs how pip was called.
+    fake_python = (
+        "python3.11() {\n"
+        '    mkdir -p "$3/bin"\n'
+        f'    printf \'#!/bin/bash\\necho "$*" >>{calls}\\n\' >"$3/bin/python"\n'
+        '    chmod +x "$3/bin/python"\n'
+        "}\n"
+    )
+    script = build_startup_script(_settings())
+
+    first = _run_steps(script, fake_python + "install_python_stack", tmp_path)
+    again = _run_steps(script, fake_python + "install_python_stack", tmp_path)
+    installs = calls.read_text().splitlines()
+    (source / "requirements.lock").write_text(LOCK + "fastai==2.8.12\n")
+    changed = _run_steps(script, fake_python + "install_python_stack", tmp_path)
+
+    assert first.returncode == again.returncode == changed.returncode == 0, first.stderr
+    assert installs == [
+        "-m pip install --quiet --upgrade pip",
+        f"-m pip install --quiet -r {source}/requirements.lock torch_xla[tpu]=={TORCH_XLA_VERSION}",
+    ], "the second boot installs nothing"
+    assert calls.read_text().splitlines() == installs * 2
+    stamp = (tmp_path / "opt" / "venv" / ".traindeck-stamp").read_text().split()
+    assert stamp[1] == f"torch_xla[tpu]=={TORCH_XLA_VERSION}" and len(stamp[0]) == 64

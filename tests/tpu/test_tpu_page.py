@@ -13,7 +13,7 @@ from db.telemetry import events_since
 from db.workers import register_worker, worker_heartbeat
 from tests.support.fake_tpu_api import FakeTpuApi
 from tests.support.markdown import links_and_images, shown
-from tests.support.tpu import PROJECT, ZONE
+from tests.support.tpu import PROJECT, STORE_URL, ZONE
 
 PAGE = str(Path(__file__).resolve().parents[2] / "dashboard" / "pages" / "tpu_vms.py")
 WORKER_DATABASE_URL = "postgresql://trainer:secret@10.128.0.9:5432/traindeck"
@@ -108,6 +108,7 @@ def test_create_sends_the_edited_startup_script_and_shows_progress(
     assert "WORKER_ID=tpu-trainer-1" in script
     # The preview masks the password (tests/tpu/test_tpu_secrets.py); the node gets it.
     assert "DATABASE_URL='postgresql://trainer:***@10.128.0.9:5432/traindeck'" in script
+    assert f"TRAINDECK_STORE={STORE_URL}\n" in script
     assert page.selectbox(key="tpu_new_runtime_v5litepod-8").value == "v2-alpha-tpuv5-lite"
     edited = script.replace("RestartSec=15", "RestartSec=5")
     _script_area(page).set_value(edited)
@@ -145,6 +146,46 @@ def test_a_sqlite_database_keeps_create_disabled_with_the_reason(
     assert "The database is a SQLite file on this machine" in _all_text(page)
     assert page.button(key="tpu_create").disabled
     assert [a for a in page.text_area if a.key.startswith("tpu_new_script_")] == []
+
+
+@pytest.mark.parametrize(
+    ("store", "reason"),
+    [
+        (None, "workers on other machines cannot read this machine's folder: set "
+         "TRAINDECK_STORE to a gs:// bucket"),
+        ("file:///srv/store", "TRAINDECK_STORE='file:///srv/store' is not a store URL"),
+    ],
+)  # fmt: skip
+def test_a_store_on_this_machine_keeps_create_disabled_with_the_reason(
+    page: AppTest, fake_api: FakeTpuApi, monkeypatch: pytest.MonkeyPatch, store, reason: str
+):
+    """Unset, TRAINDECK_STORE is a folder under the data folder, which a TPU VM cannot read."""
+    if store is None:
+        monkeypatch.delenv("TRAINDECK_STORE")
+    else:
+        monkeypatch.setenv("TRAINDECK_STORE", store)
+    _no_exception(page.run())
+    page.text_input(key="tpu_new_name").set_value("trainer-1")
+    _no_exception(page.run())
+
+    (settle,) = [shown(text) for text in _texts(page, "info") if "once these are" in text]
+    assert reason in settle
+    assert page.button(key="tpu_create").disabled
+    assert [a for a in page.text_area if a.key.startswith("tpu_new_script_")] == []
+    assert fake_api.requests_of("POST") == []
+
+
+def test_the_page_says_what_the_vm_needs_to_use_the_bucket(page: AppTest, fake_api: FakeTpuApi):
+    _no_exception(page.run())
+    page.text_input(key="tpu_new_name").set_value("trainer-1")
+    _no_exception(page.run())
+
+    (source,) = [text for text in _texts(page, "caption") if "IAM role" in shown(text)]
+    note = shown(source)
+    assert f"The worker gets TRAINDECK_STORE={STORE_URL}:" in note
+    assert "the IAM role roles/storage.objectAdmin on traindeck-shared" in note
+    assert "https://www.googleapis.com/auth/devstorage.read_write" in note
+    assert links_and_images(source) == [], "the scope is text, not a link"
 
 
 def test_a_quota_error_is_a_readable_message(page: AppTest, fake_api: FakeTpuApi):
