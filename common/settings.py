@@ -26,6 +26,7 @@ import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -38,6 +39,7 @@ MAX_SESSION_HOURS = 8_760.0
 DATABASE_URL_FORMS = "sqlite:///PATH or postgresql://USER[:PASSWORD]@HOST[:PORT]/DB"
 _DATABASE_URL = re.compile(r"^(?:sqlite(?:\+\w+)?|postgres|postgresql(?:\+\w+)?)://")
 _EMAIL_OR_DOMAIN = re.compile(r"^[^@\s]*@[^@\s]+$")
+STORE_URL_FORMS = "gs://BUCKET or gs://BUCKET/PREFIX (unset: a folder under the data folder)"
 
 
 class SettingsError(ValueError):
@@ -73,6 +75,20 @@ class Settings(BaseSettings):
     )
     upload_max_mb: int = _setting(
         500, "TRAINDECK_UPLOAD_MAX_MB", "a whole number of megabytes, at least 1", ge=1
+    )
+
+    # The store: where the files that cross machines live (common.store).
+    store: str | None = _setting(None, "TRAINDECK_STORE", f"a store URL, {STORE_URL_FORMS}")
+    checkpoints_kept: int = _setting(
+        2, "TRAINDECK_CHECKPOINTS_KEPT", "a whole number of checkpoints, at least 1", ge=1
+    )
+    keep_checkpoints: bool = _setting(False, "TRAINDECK_KEEP_CHECKPOINTS", "true or false")
+    dataset_cache_gb: float = _setting(
+        50.0,
+        "TRAINDECK_DATASET_CACHE_GB",
+        "a number of gigabytes greater than 0",
+        gt=0,
+        allow_inf_nan=False,
     )
 
     # The worker.
@@ -143,6 +159,15 @@ class Settings(BaseSettings):
             raise ValueError("not e-mail addresses and @domains")
         return frozenset(entries)
 
+    @field_validator("store")
+    @classmethod
+    def _store_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not is_bucket_url(value):
+            raise ValueError("not a store URL")
+        return value.rstrip("/")
+
     @field_validator("database_url")
     @classmethod
     def _database_url(cls, value: SecretStr | None) -> SecretStr | None:
@@ -152,6 +177,12 @@ class Settings(BaseSettings):
         if not _DATABASE_URL.match(value.get_secret_value()):
             raise ValueError("not a database URL")
         return value
+
+
+def is_bucket_url(text: str) -> bool:
+    """Whether `text` names a bucket the store can use: gs://BUCKET[/PREFIX], nothing more."""
+    parsed = urlsplit(text)
+    return parsed.scheme == "gs" and bool(parsed.netloc) and not (parsed.query or parsed.fragment)
 
 
 VARIABLES: dict[str, str] = {

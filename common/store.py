@@ -32,6 +32,7 @@ from urllib.parse import urlparse
 
 from common import config
 from common.errors import first_line
+from common.settings import is_bucket_url, settings
 
 CHUNK_BYTES = 1 << 20
 STORE_ENV = "TRAINDECK_STORE"
@@ -56,48 +57,22 @@ class StoredObject:
     sha256: str
 
 
-# --- settings (read here until common.settings holds them) -----------------------------------
-
-DEFAULT_CHECKPOINTS_KEPT = 2
-DEFAULT_DATASET_CACHE_GB = 50.0
-
-
-def _environment(name: str) -> str:
-    return os.environ.get(name, "").strip()
+# --- settings (common.settings reads and checks them) ----------------------------------------
 
 
 def checkpoints_kept() -> int:
     """How many of a running job's newest checkpoints stay in the store."""
-    raw = _environment("TRAINDECK_CHECKPOINTS_KEPT")
-    if not raw:
-        return DEFAULT_CHECKPOINTS_KEPT
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"TRAINDECK_CHECKPOINTS_KEPT={raw!r} is not valid: a whole number ≥ 1")
-    return int(raw)
+    return settings().checkpoints_kept
 
 
 def keep_final_checkpoint() -> bool:
     """Whether a succeeded job keeps its newest checkpoint in the store (else they all go)."""
-    raw = _environment("TRAINDECK_KEEP_CHECKPOINTS").lower()
-    if raw in ("", "0", "false", "no"):
-        return False
-    if raw in ("1", "true", "yes"):
-        return True
-    raise ValueError(f"TRAINDECK_KEEP_CHECKPOINTS={raw!r} is not valid: true or false")
+    return settings().keep_checkpoints
 
 
 def dataset_cache_bytes() -> int:
     """How much room a worker's copies of datasets from the store may take on its disk."""
-    raw = _environment("TRAINDECK_DATASET_CACHE_GB")
-    try:
-        gigabytes = float(raw) if raw else DEFAULT_DATASET_CACHE_GB
-    except ValueError:
-        gigabytes = -1.0
-    if not 0 < gigabytes < float("inf"):
-        raise ValueError(
-            f"TRAINDECK_DATASET_CACHE_GB={raw!r} is not valid: a number of gigabytes > 0"
-        )
-    return int(gigabytes * 1e9)
+    return int(settings().dataset_cache_gb * 1e9)
 
 
 def _local_root() -> Path:
@@ -105,10 +80,11 @@ def _local_root() -> Path:
 
 
 def store_url() -> str:
-    """The configured store as a URL (`gs://bucket/prefix` or `file:///…/store`)."""
-    configured = os.environ.get(STORE_ENV, "").strip()
+    """The configured store as a URL (`gs://bucket/prefix` or `file:///…/store`); a malformed
+    TRAINDECK_STORE is a SettingsError (one line)."""
+    configured = settings().store
     if configured:
-        return validate_store_url(configured)
+        return configured
     return _local_root().resolve().as_uri()
 
 
@@ -123,8 +99,7 @@ def is_shared() -> bool:
 
 def validate_store_url(text: str) -> str:
     """`text` if it is a usable store URL, else StoreError saying what one looks like."""
-    parsed = urlparse(text)
-    if parsed.scheme != "gs" or not parsed.netloc or parsed.query or parsed.fragment:
+    if not is_bucket_url(text):
         raise StoreError(
             f"TRAINDECK_STORE={text!r} is not a store URL: use gs://BUCKET or gs://BUCKET/PREFIX "
             "(or leave it unset for a folder under the data folder)"

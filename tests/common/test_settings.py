@@ -36,6 +36,8 @@ def test_every_variable_has_its_default_when_unset():
     assert (current.port, current.address, current.auth) == (8501, "127.0.0.1", "auto")
     assert (current.password_hash, current.session_hours) == (None, 12.0)
     assert current.allowed_users == frozenset()
+    assert (current.store, current.checkpoints_kept, current.keep_checkpoints) == (None, 2, False)
+    assert current.dataset_cache_gb == 50.0
 
 
 GOOD = [
@@ -45,6 +47,12 @@ GOOD = [
      (Path("/a"), Path("/b"))),
     ("TRAINDECK_UPLOAD_MAX_FILES", " 3 ", "upload_max_files", 3),
     ("TRAINDECK_UPLOAD_MAX_MB", "2000", "upload_max_mb", 2000),
+    ("TRAINDECK_STORE", " gs://traindeck/td/ ", "store", "gs://traindeck/td"),
+    ("TRAINDECK_STORE", "gs://traindeck", "store", "gs://traindeck"),
+    ("TRAINDECK_CHECKPOINTS_KEPT", "5", "checkpoints_kept", 5),
+    ("TRAINDECK_KEEP_CHECKPOINTS", "True", "keep_checkpoints", True),
+    ("TRAINDECK_KEEP_CHECKPOINTS", "no", "keep_checkpoints", False),
+    ("TRAINDECK_DATASET_CACHE_GB", "0.5", "dataset_cache_gb", 0.5),
     ("TRAINDECK_HEARTBEAT_INTERVAL", "0.5", "heartbeat_interval_s", 0.5),
     ("TRAINDECK_HEARTBEAT_TIMEOUT", "1e2", "heartbeat_timeout_s", 100.0),
     ("TRAINDECK_PORT", "8080", "port", 8080),
@@ -79,6 +87,14 @@ BAD = [
     ("TRAINDECK_UPLOAD_MAX_FILES", "0", "a whole number of files, at least 1"),
     ("TRAINDECK_UPLOAD_MAX_MB", "2.5", "a whole number of megabytes, at least 1"),
     ("TRAINDECK_HEARTBEAT_INTERVAL", "-1", "a number of seconds greater than 0"),
+    ("TRAINDECK_STORE", "s3://bucket/td", "gs://BUCKET or gs://BUCKET/PREFIX"),
+    ("TRAINDECK_STORE", "gs:///td", "gs://BUCKET or gs://BUCKET/PREFIX"),
+    ("TRAINDECK_STORE", "bucket/td", "gs://BUCKET or gs://BUCKET/PREFIX"),
+    ("TRAINDECK_CHECKPOINTS_KEPT", "0", "a whole number of checkpoints, at least 1"),
+    ("TRAINDECK_CHECKPOINTS_KEPT", "two", "a whole number of checkpoints, at least 1"),
+    ("TRAINDECK_KEEP_CHECKPOINTS", "sometimes", "true or false"),
+    ("TRAINDECK_DATASET_CACHE_GB", "0", "a number of gigabytes greater than 0"),
+    ("TRAINDECK_DATASET_CACHE_GB", "inf", "a number of gigabytes greater than 0"),
     ("TRAINDECK_HEARTBEAT_TIMEOUT", "soon", "a number of seconds greater than 0"),
     ("TRAINDECK_HEARTBEAT_TIMEOUT", "nan", "a number of seconds greater than 0"),
     ("TRAINDECK_PORT", "http", "a port number from 1 to 65535"),
@@ -183,6 +199,23 @@ def test_the_readers_elsewhere_go_through_the_settings(monkeypatch, tmp_path):
     with pytest.raises(SettingsError, match=r"^TRAINDECK_UPLOAD_MAX_MB='two' is not valid"):
         UploadLimits.from_env()
     assert issubclass(DatabaseUrlError, SettingsError)
+
+
+def test_the_store_reads_its_settings_here(monkeypatch, tmp_path):
+    from common import store
+
+    monkeypatch.setenv("TRAINDECK_DATA", str(tmp_path))
+    assert store.store_url() == (tmp_path / "store").as_uri() and not store.is_shared()
+    monkeypatch.setenv("TRAINDECK_STORE", "gs://traindeck/td/")
+    monkeypatch.setenv("TRAINDECK_CHECKPOINTS_KEPT", "3")
+    monkeypatch.setenv("TRAINDECK_KEEP_CHECKPOINTS", "yes")
+    monkeypatch.setenv("TRAINDECK_DATASET_CACHE_GB", "1.5")
+    assert (store.store_url(), store.is_shared()) == ("gs://traindeck/td", True)
+    assert (store.checkpoints_kept(), store.keep_final_checkpoint()) == (3, True)
+    assert store.dataset_cache_bytes() == 1_500_000_000
+    monkeypatch.setenv("TRAINDECK_STORE", "file:///srv/store")
+    with pytest.raises(SettingsError, match=r"^TRAINDECK_STORE='file:///srv/store' is not valid"):
+        store.store_url()
 
 
 def _run(*command: str, **environment: str) -> subprocess.CompletedProcess[str]:

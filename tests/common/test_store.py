@@ -7,6 +7,7 @@ import os
 import pytest
 
 from common import store
+from common.settings import SettingsError
 
 
 @pytest.fixture(params=["local", "gcs"])
@@ -73,10 +74,12 @@ def test_an_old_row_with_a_local_path_still_reads(data_dir, tmp_path):
 )
 def test_a_malformed_store_url_is_one_line_naming_it(data_dir, monkeypatch, url):
     monkeypatch.setenv("TRAINDECK_STORE", url)
-    with pytest.raises(store.StoreError) as caught:
+    with pytest.raises(SettingsError) as caught:
         store.store_url()
     message = str(caught.value)
     assert "\n" not in message and repr(url) in message and "gs://BUCKET" in message
+    with pytest.raises(store.StoreError, match="is not a store URL"):
+        store.validate_store_url(url)
 
 
 def test_a_missing_bucket_is_named_at_start_up(gcs, monkeypatch):
