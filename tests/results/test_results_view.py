@@ -14,6 +14,7 @@ from db.artifacts import get_artifact
 from db.engine import dispose_engines
 from db.results import get_results
 from tests.results.test_predict import known_digits
+from tests.support.markdown import shown
 from tests.support.trained import REPO, job_with_copied_export
 
 pytestmark = pytest.mark.slow
@@ -92,9 +93,9 @@ def test_predict_box_classifies_uploads_and_names_files_that_are_no_images(train
     ).run()
 
     assert not at.exception, [e.value for e in at.exception]
-    shown = [markdown.value for markdown in at.markdown]
-    assert any(text.startswith("**7** · ") and "`seven.png`" in text for text in shown), shown
-    errors = [error.value for error in at.error]
+    texts = [shown(markdown.value) for markdown in at.markdown]
+    assert any(text.startswith("7 · ") and " · seven.png · " in text for text in texts), texts
+    errors = [shown(error.value) for error in at.error]
     assert errors == ["notes.txt: not an image (no image format recognises it)"]
     probabilities = at.dataframe[-1].value
     assert probabilities["class"].tolist()[0] == "7" and len(probabilities) == 3
@@ -114,7 +115,7 @@ def test_a_tampered_export_is_refused_with_a_message(trained):
     at.run()
 
     assert not at.exception, [e.value for e in at.exception]
-    (error,) = [error.value for error in at.error]
+    (error,) = [shown(error.value) for error in at.error]
     assert error.startswith(f"Cannot predict: the exported model of job #{job_id}")
     assert "is not the file the worker recorded" in error and "refusing to load it" in error
 
@@ -157,6 +158,6 @@ def test_predicting_with_a_job_that_left_no_export_says_so(trained):
     at.run()
 
     assert not at.exception, [e.value for e in at.exception]
-    assert [error.value for error in at.error] == [
+    assert [shown(error.value) for error in at.error] == [
         f"Cannot predict: job #{job_id} has no exported model recorded."
     ]
