@@ -178,11 +178,18 @@ def is_unavailable(exc: BaseException) -> bool:
 
 
 def database_problem(exc: BaseException) -> str:
-    """What a command tells a person whose database could not be used."""
+    """What a command tells a person whose database could not be used.
+
+    "database unavailable" only when it is (`is_unavailable`: busy, unreachable, restarting);
+    any other error of the database (a statement it refused, say) says so instead, so that
+    nobody goes looking for an outage that is not there.
+    """
     text = first_line(exc)
     if "no such table" in text or ("does not exist" in text and "relation" in text):
         return "the database has no traindeck tables yet; run `python -m db upgrade`"
-    return f"database unavailable: {text}"
+    if is_unavailable(exc):
+        return f"database unavailable: {text}"
+    return f"database error: {text}"
 
 
 def retry_with_backoff(

@@ -14,6 +14,8 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from db.engine import read_tx
+from db.ids import one_of
+from db.joblist import EVERY_JOB, Cursor, JobFilter, Order, count, fetch, job_number
 from db.models import Job, Metric
 
 LATEST_METRICS = {
@@ -77,34 +79,121 @@ def _latest(name: str) -> Any:
     )
 
 
+_COLUMNS = (
+    Job.id,
+    Job.name,
+    Job.status,
+    Job.spec,
+    Job.priority,
+    Job.attempts,
+    Job.max_attempts,
+    Job.cancel_requested,
+    Job.worker_id,
+    Job.device,
+    Job.created_at,
+    Job.started_at,
+    Job.finished_at,
+    Job.epoch,
+    Job.step,
+    Job.total_epochs,
+    Job.total_steps,
+    Job.eta_seconds,
+)
+
+
+def _columns() -> list[Any]:
+    return [
+        *_COLUMNS,
+        *(_latest(name).label(label) for label, name in LATEST_METRICS.items()),
+    ]
+
+
 def job_rows(
     engine: Engine, statuses: list[str] | None = None, limit: int | None = 500
 ) -> list[JobRow]:
     """Jobs, newest first, optionally only those in `statuses`, at most `limit`."""
-    statement = select(
-        Job.id,
-        Job.name,
-        Job.status,
-        Job.spec,
-        Job.priority,
-        Job.attempts,
-        Job.max_attempts,
-        Job.cancel_requested,
-        Job.worker_id,
-        Job.device,
-        Job.created_at,
-        Job.started_at,
-        Job.finished_at,
-        Job.epoch,
-        Job.step,
-        Job.total_epochs,
-        Job.total_steps,
-        Job.eta_seconds,
-        *(_latest(name).label(label) for label, name in LATEST_METRICS.items()),
-    ).order_by(Job.id.desc())
+    statement = select(*_columns()).order_by(Job.id.desc())
     if statuses:
         statement = statement.where(Job.status.in_(statuses))
     if limit is not None:
         statement = statement.limit(limit)
     with read_tx(engine) as connection:
         return [JobRow(**row._mapping) for row in connection.execute(statement)]
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """One page of a list: its rows in the list's order, and whether rows come before the
+    first (`earlier`) or after the last (`later`)."""
+
+    rows: list[JobRow]
+    earlier: bool
+    later: bool
+
+    @property
+    def first(self) -> Cursor | None:
+        return Cursor(self.rows[0].id, self.rows[0].priority) if self.rows else None
+
+    @property
+    def last(self) -> Cursor | None:
+        return Cursor(self.rows[-1].id, self.rows[-1].priority) if self.rows else None
+
+
+def job_page(
+    engine: Engine,
+    filters: JobFilter = EVERY_JOB,
+    order: Order = "newest",
+    *,
+    after: Cursor | None = None,
+    before: Cursor | None = None,
+    to_end: bool = False,
+    limit: int = 50,
+) -> JobPage:
+    """A page of jobs in `order`: the first one, the one after the cursor `after`, the one
+    before the cursor `before`, or the last one (`to_end`). Each is a few index ranges
+    (`db.joblist`), however many jobs there are."""
+    backward = before is not None or to_end
+    with read_tx(engine) as connection:
+        rows = fetch(
+            connection, _columns(), filters, order, before if backward else after, limit + 1,
+            backward=backward,
+        )  # fmt: skip
+        beyond = len(rows) > limit
+        rows = rows[:limit]
+        if backward:
+            rows.reverse()
+            earlier = beyond
+            later = bool(rows) and _any_beyond(connection, filters, order, rows[-1])
+        else:
+            later = beyond
+            earlier = bool(rows) and _any_beyond(connection, filters, order, rows[0], back=True)
+    return JobPage([JobRow(**row._mapping) for row in rows], earlier=earlier, later=later)
+
+
+def _any_beyond(connection: Any, filters: JobFilter, order: Order, row: Any, back: bool = False):
+    cursor = Cursor(row.id, row.priority)
+    return bool(fetch(connection, (Job.id, Job.priority), filters, order, cursor, 1, backward=back))
+
+
+def jobs_by_id(engine: Engine, job_ids: list[int]) -> list[JobRow]:
+    """These jobs (those that exist), in the order given."""
+    if not job_ids:
+        return []
+    with read_tx(engine) as connection:
+        statement = select(*_columns()).where(one_of(connection, Job.id, job_ids))
+        found = {row.id: JobRow(**row._mapping) for row in connection.execute(statement)}
+    return [found[job_id] for job_id in dict.fromkeys(job_ids) if job_id in found]
+
+
+def find_jobs(engine: Engine, text: str, limit: int = 50) -> list[JobRow]:
+    """Jobs for a picker: the job numbered `text` ("12" or "#12") first, then the newest whose
+    name holds `text` (any case); the newest jobs when `text` is empty."""
+    number = job_number(text)
+    exact = jobs_by_id(engine, [number]) if number is not None else []
+    rest = job_page(engine, JobFilter(search=text), limit=limit).rows
+    return (exact + [row for row in rest if row.id != number])[:limit]
+
+
+def count_jobs(engine: Engine, filters: JobFilter = EVERY_JOB, order: Order = "newest") -> int:
+    with read_tx(engine) as connection:
+        return count(connection, filters, order)

@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine
 
 from db.artifacts import list_artifacts
+from db.engine import read_tx
+from db.joblist import EVERY_JOB, Cursor, JobFilter, Order, fetch
 from db.models import Job
-from db.queue import get_job, list_jobs
+from db.queue import get_job
 from db.telemetry import final_metrics
+
+BATCH = 500
+_JOB_COLUMNS = tuple(Job.__table__.columns)
 
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def job_to_dict(job: Job) -> dict[str, Any]:
+def job_to_dict(job: Any) -> dict[str, Any]:
+    """A Job, or a row of the jobs table's columns, as a dictionary."""
     return {
         "id": job.id,
         "name": job.name,
@@ -57,14 +64,38 @@ def describe_job(engine: Engine, job_id: int) -> dict[str, Any]:
     return described
 
 
+def iter_jobs(
+    engine: Engine,
+    filters: JobFilter = EVERY_JOB,
+    *,
+    order: Order = "newest",
+    after: Cursor | None = None,
+    limit: int | None = None,
+    batch: int = BATCH,
+) -> Iterator[dict[str, Any]]:
+    """Jobs as dictionaries with their final metrics, in `order` from `after` on, at most
+    `limit` (None: all of them). Read `batch` jobs at a time, each batch a keyset page
+    (`db.joblist`), so that memory stays flat however many jobs there are."""
+    while limit is None or limit > 0:
+        size = batch if limit is None else min(batch, limit)
+        with read_tx(engine) as connection:
+            rows = fetch(connection, _JOB_COLUMNS, filters, order, after, size)
+        if not rows:
+            return
+        finals = final_metrics(engine, [row.id for row in rows])
+        for row in rows:
+            item = job_to_dict(row)
+            item["final_metrics"] = finals[row.id]
+            yield item
+        if len(rows) < size:
+            return
+        after = Cursor(rows[-1].id, rows[-1].priority)
+        if limit is not None:
+            limit -= len(rows)
+
+
 def describe_jobs(
     engine: Engine, statuses: list[str] | None = None, limit: int | None = None
 ) -> list[dict[str, Any]]:
-    jobs = list_jobs(engine, statuses, limit)
-    finals = final_metrics(engine, [job.id for job in jobs])
-    described = []
-    for job in jobs:
-        item = job_to_dict(job)
-        item["final_metrics"] = finals[job.id]
-        described.append(item)
-    return described
+    """Jobs, newest first, optionally only those in `statuses`, as a list (see `iter_jobs`)."""
+    return list(iter_jobs(engine, JobFilter(tuple(statuses or ())), limit=limit))

@@ -83,10 +83,17 @@ class Job(Base):
     cloned_from: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
-        # The claim query: the next queued job by priority, then age.
-        Index("ix_jobs_claim", "status", "priority", "id"),
+        # ix_jobs_claim follows the class: it names a column's order.
+        # Lists filtered by status, newest first (`traindeck jobs --status`, the Jobs page).
+        Index("ix_jobs_status_id", "status", "id"),
         Index("ix_jobs_created_at", "created_at"),
     )
+
+
+# The claim (db.queue.claim): the next queued job, highest priority first, then the oldest.
+# The index is in that very order, so a claim reads its first entry instead of sorting every
+# queued row; the Jobs page pages through the queue in run order along it too.
+Index("ix_jobs_claim", Job.status, Job.priority.desc(), Job.id)
 
 
 class Metric(Base):
@@ -96,7 +103,11 @@ class Metric(Base):
         BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
     )
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
-    name: Mapped[str] = mapped_column(String(64))
+    # Byte order ("C") on Postgres as on SQLite, so that a prefix is a range of the index
+    # whatever the database's locale: `epoch/` is `name >= 'epoch/' AND name < 'epoch0'`.
+    name: Mapped[str] = mapped_column(
+        String(64).with_variant(String(64, collation="C"), "postgresql")
+    )
     step: Mapped[int] = mapped_column(Integer)
     epoch: Mapped[int | None] = mapped_column(Integer)
     value: Mapped[float] = mapped_column(Float)

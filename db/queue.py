@@ -146,7 +146,9 @@ def claim(engine: Engine, worker_id: str) -> ClaimedJob | None:
 
     Postgres: the candidate row is locked with `FOR UPDATE SKIP LOCKED` in a CTE, so racing
     workers each take a different row without waiting. SQLite: the transaction is `BEGIN
-    IMMEDIATE` (one writer at a time) and the UPDATE re-checks `status = 'queued'`.
+    IMMEDIATE` (one writer at a time) and the UPDATE re-checks `status = 'queued'`. Either way
+    the candidate is the first entry of `ix_jobs_claim` (status, priority DESC, id), which is
+    in the claim's order: a claim costs the same with 200 queued jobs as with 70,000.
     """
     now = utcnow()
     candidate = (

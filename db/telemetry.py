@@ -36,10 +36,12 @@ from sqlalchemy import Engine, and_, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from db.engine import is_sqlite, read_tx, write_tx
+from db.ids import one_of
 from db.models import JobEvent, Metric, XlaReport, utcnow
 
 BATCH = "batch/"
 EPOCH = "epoch/"
+EPOCH_END = EPOCH[:-1] + chr(ord(EPOCH[-1]) + 1)  # "epoch0": every name with the prefix is below
 LR_FIND = "lr_find/"
 MAX_EVENT_CHARS = 20_000
 
@@ -114,23 +116,36 @@ def metric_series(engine: Engine, job_id: int, name: str) -> list[tuple[int, flo
 
 
 def final_metrics(engine: Engine, job_ids: Sequence[int]) -> dict[int, dict[str, float]]:
-    """Per job, each `epoch/` metric's value at its last epoch, keyed without the prefix."""
+    """Per job, each `epoch/` metric's value at its last epoch, keyed without the prefix.
+
+    The cost follows the jobs' epoch points, not their batch points nor the table: `epoch/`
+    is a range of names (`name >= 'epoch/' AND name < 'epoch0'`, '0' being the character after
+    '/'), so each job's epoch points are one range of the (job_id, name, step) index, where a
+    LIKE would read every point of the job (on Postgres, of the table). The ids are one bound
+    parameter however many there are (`db.ids.one_of`).
+    """
     if not job_ids:
         return {}
-    last = (
-        select(Metric.job_id, Metric.name, func.max(Metric.step).label("step"))
-        .where(Metric.job_id.in_(list(job_ids)), Metric.name.like(f"{EPOCH}%"))
-        .group_by(Metric.job_id, Metric.name)
-        .subquery()
-    )
-    statement = select(Metric.job_id, Metric.name, Metric.value).join(
-        last,
-        and_(
-            Metric.job_id == last.c.job_id, Metric.name == last.c.name, Metric.step == last.c.step
-        ),
-    )
     result: dict[int, dict[str, float]] = {job_id: {} for job_id in job_ids}
     with read_tx(engine) as connection:
+        last = (
+            select(Metric.job_id, Metric.name, func.max(Metric.step).label("step"))
+            .where(
+                one_of(connection, Metric.job_id, result),
+                Metric.name >= EPOCH,
+                Metric.name < EPOCH_END,
+            )
+            .group_by(Metric.job_id, Metric.name)
+            .subquery()
+        )
+        statement = select(Metric.job_id, Metric.name, Metric.value).join(
+            last,
+            and_(
+                Metric.job_id == last.c.job_id,
+                Metric.name == last.c.name,
+                Metric.step == last.c.step,
+            ),
+        )
         for job_id, name, value in connection.execute(statement):
             result[job_id][name.removeprefix(EPOCH)] = value
     return result

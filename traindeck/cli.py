@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,14 +31,9 @@ from datasets.register import (
 from datasets.validation import normalize_dataset_name
 from db import queue
 from db.datasets import list_datasets
-from db.engine import (
-    Engine,
-    OperationalError,
-    ProgrammingError,
-    database_problem,
-    get_engine,
-)
-from db.jobview import describe_job, describe_jobs
+from db.engine import DatabaseError, Engine, database_problem, get_engine
+from db.joblist import ORDERS, Cursor, JobFilter
+from db.jobview import describe_job, iter_jobs
 from db.migrate import upgrade
 from db.models import JOB_STATUSES
 from db.spec import JobSpec, SpecError, spec_from_json
@@ -143,24 +139,95 @@ def cmd_submit(engine: Engine, args: argparse.Namespace) -> None:
         print(f"queued job {job_id}")
 
 
-def cmd_jobs(engine: Engine, args: argparse.Namespace) -> None:
-    jobs = describe_jobs(engine, args.status or None, args.limit)
+DEFAULT_JOBS_SHOWN = 50
+
+
+def _jobs_cursor(engine: Engine, args: argparse.Namespace) -> Cursor | None:
+    if args.before is not None:
+        if args.order != "newest":
+            raise UserError(f"--before goes with --order newest; with --order {args.order} "
+                            "use --after")  # fmt: skip
+        return Cursor(args.before)
+    if args.after is None:
+        return None
+    if args.order == "newest":
+        raise UserError("--after goes with --order oldest or next; newest first, use --before")
+    if args.order == "oldest":
+        return Cursor(args.after)
+    job = queue.get_job(engine, args.after)  # the queue's order needs its priority
+    return Cursor(job.id, job.priority)
+
+
+def _jobs_more_hint(args: argparse.Namespace, last: dict[str, Any]) -> str:
+    """The command that lists the next page, with the same filters."""
+    words = [args.prog, "jobs"]
+    for status in args.status or ():
+        words += ["--status", status]
+    for flag, value in (("--name", args.name), ("--dataset", args.dataset)):
+        if value:
+            words += [flag, value]
+    if args.order != "newest":
+        words += ["--order", args.order]
+    if args.limit is not None:
+        words += ["--limit", str(args.limit)]
+    words += ["--before" if args.order == "newest" else "--after", str(last["id"])]
     if args.json:
-        _print_json(jobs)
-        return
-    if not jobs:
-        print("no jobs")
-        return
-    print(f"{'ID':>5}  {'STATUS':<10} {'EPOCH':>7}  {'ACCURACY':>8}  {'AGE':>5}  NAME")
+        words.append("--json")
+    return f"more jobs: {shlex.join(words)} (or --all for every job)"
+
+
+def cmd_jobs(engine: Engine, args: argparse.Namespace) -> None:
+    """Jobs a page at a time (`--limit`, default 50; `--all`), filtered in SQL, streamed: read
+    and written 500 at a time (`db.jobview.iter_jobs`), as lines or as a JSON array written
+    element by element, so that memory stays flat however many jobs there are."""
+    limit = None if args.all else (args.limit or DEFAULT_JOBS_SHOWN)
+    filters = JobFilter(tuple(args.status or ()), name=args.name or "", dataset=args.dataset or "")
+    after = _jobs_cursor(engine, args)
+    jobs = iter_jobs(engine, filters, order=args.order, after=after,
+                     limit=None if limit is None else limit + 1)  # fmt: skip
+    shown = 0
+    last: dict[str, Any] | None = None
+    more = False
+    out = sys.stdout
     for job in jobs:
-        progress = job["progress"]
-        epochs = f"{progress['epoch']}/{progress['total_epochs']}"
-        accuracy = job["final_metrics"].get("accuracy")
-        shown = f"{accuracy:.3f}" if accuracy is not None else "-"
-        print(
-            f"{job['id']:>5}  {job['status']:<10} {epochs:>7}  {shown:>8}  "
-            f"{_age(job['created_at']):>5}  {job['name']}"
-        )
+        if limit is not None and shown == limit:
+            more = True
+            break
+        if args.json:
+            out.write(("[\n  " if shown == 0 else ",\n  ") + _json_line(job))
+        else:
+            if shown == 0:
+                out.write(_jobs_header(args.order) + "\n")
+            out.write(_jobs_line(job, args.order) + "\n")
+        shown += 1
+        last = job
+    if args.json:
+        out.write("[]\n" if shown == 0 else "\n]\n")
+    elif shown == 0:
+        out.write("no jobs\n")
+    if more and last is not None:
+        print(_jobs_more_hint(args, last), file=sys.stderr if args.json else sys.stdout)
+
+
+def _json_line(value: Any) -> str:
+    return json.dumps(value, default=str, ensure_ascii=False)
+
+
+def _jobs_header(order: str) -> str:
+    priority = f"{'PRIO':>5}  " if order == "next" else ""
+    return f"{'ID':>5}  {priority}{'STATUS':<10} {'EPOCH':>7}  {'ACCURACY':>8}  {'AGE':>5}  NAME"
+
+
+def _jobs_line(job: dict[str, Any], order: str) -> str:
+    progress = job["progress"]
+    epochs = f"{progress['epoch']}/{progress['total_epochs']}"
+    accuracy = job["final_metrics"].get("accuracy")
+    shown = f"{accuracy:.3f}" if accuracy is not None else "-"
+    priority = f"{job['priority']:>5}  " if order == "next" else ""
+    return (
+        f"{job['id']:>5}  {priority}{job['status']:<10} {epochs:>7}  {shown:>8}  "
+        f"{_age(job['created_at']):>5}  {job['name']}"
+    )
 
 
 def cmd_show(engine: Engine, args: argparse.Namespace) -> None:
@@ -330,14 +397,46 @@ def build_parser(prog: str = "traindeck") -> argparse.ArgumentParser:
     submit = command("submit", cmd_submit, "queue a training job")
     submit.add_argument("--spec", metavar="FILE.json", help="a JSON file with spec fields")
     _add_spec_flags(submit)
-    jobs = command("jobs", cmd_jobs, "list jobs, newest first")
+    jobs = command(
+        "jobs",
+        cmd_jobs,
+        f"list jobs, newest first, {DEFAULT_JOBS_SHOWN} at a time (--before ID for the next "
+        "page, --all for every job)",
+    )
     jobs.add_argument(
         "--status",
         action="append",
         choices=JOB_STATUSES,
         help="only jobs in this status (repeatable)",
     )
-    jobs.add_argument("--limit", type=positive_int, default=None, help="at most this many")
+    jobs.add_argument("--name", metavar="TEXT", help="only jobs whose name holds TEXT (any case)")
+    jobs.add_argument("--dataset", metavar="NAME", help="only jobs training on this dataset")
+    jobs.add_argument(
+        "--order",
+        choices=ORDERS,
+        default="newest",
+        help="newest first (the default), oldest first, or next: the queued jobs in the order "
+        "workers take them (highest priority, then oldest)",
+    )
+    howmany = jobs.add_mutually_exclusive_group()
+    howmany.add_argument(
+        "--limit",
+        type=positive_int,
+        default=None,
+        help=f"at most this many (default {DEFAULT_JOBS_SHOWN})",
+    )
+    howmany.add_argument("--all", action="store_true", help="every job, however many")
+    start = jobs.add_mutually_exclusive_group()
+    start.add_argument(
+        "--before", type=job_id, metavar="ID", help="only jobs older than job ID (the next page)"
+    )
+    start.add_argument(
+        "--after",
+        type=job_id,
+        metavar="ID",
+        help="with --order oldest or next: the jobs that come after job ID (the next page)",
+    )
+    jobs.set_defaults(prog=prog)
     for name, handler, help_text in (
         ("show", cmd_show, "one job: status, progress, final metrics, artifacts, error"),
         ("cancel", cmd_cancel, "cancel a queued job, or stop a running one at its next batch"),
@@ -423,7 +522,7 @@ def main(argv: list[str] | None = None, prog: str = "traindeck") -> int:
     except (UserError, queue.JobNotFound, queue.JobStateError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except (OperationalError, ProgrammingError) as exc:
+    except DatabaseError as exc:
         print(f"error: {database_problem(exc)}", file=sys.stderr)
         return EXIT_DATABASE_ERROR
     return 0
