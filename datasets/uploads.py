@@ -1,11 +1,18 @@
-"""Safe extraction of an uploaded zip of images.
+"""Safe extraction of an uploaded zip of images, and of a downloaded zip or tar archive.
 
-Every member is checked before a byte is written: no absolute paths, no `..`, no links or
-special files, no encryption, at most `max_files` members and `max_bytes` declared in all.
-While writing, the bytes actually produced are counted too, since a header can lie. Members
-that are not images (nor a CSV of labels) are skipped and named. Files are only ever created
-inside the destination folder, which is new; on any failure it is removed again, so a failed
-upload leaves nothing behind.
+Every member of a zip is checked before a byte is written: no absolute paths, no `..`, no
+links or special files, no encryption, at most `max_files` members and `max_bytes` declared in
+all. While writing, the bytes actually produced are counted too, since a header can lie.
+Members that are not images (nor a CSV of labels) are skipped and named. Files are only ever
+created inside the destination folder, which is new; on any failure it is removed again, so a
+failed upload leaves nothing behind.
+
+A tar (plain, gzip, bzip2 or xz: `extract_tar`, for `url` datasets) has no table of contents,
+so it is read as a stream under the same rules, checked member by member as it comes: the
+first hostile member stops it and removes everything written. Every member counts against the
+limits, the ones skipped too (they are decompressed all the same), and so does every byte the
+decompressor produces, headers included, so neither a gzip of zeros nor a long run of
+oversized headers can cost more than the limit.
 
 Limits: `TRAINDECK_UPLOAD_MAX_FILES` (default 5,000 members) and `TRAINDECK_UPLOAD_MAX_MB`
 (default 500 MB uncompressed), read through `common.settings`.
@@ -13,14 +20,20 @@ Limits: `TRAINDECK_UPLOAD_MAX_FILES` (default 5,000 members) and `TRAINDECK_UPLO
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import lzma
 import re
 import shutil
 import stat
+import tarfile
 import zipfile
 import zlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from common.settings import Settings, settings
 from datasets.labelling import DatasetError, is_hidden, is_image_name
@@ -33,6 +46,13 @@ CHUNK_BYTES = 1 << 20
 KEPT_SUFFIXES = frozenset({".csv"})
 MAX_PROBLEMS_SHOWN = 5
 _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:")
+# A tar's long-name and pax headers are read whole into memory by tarfile: keep them small.
+MAX_TAR_HEADER_BYTES = 1 << 20
+# Besides the members' bytes, a tar stream holds a 512-byte header (and up to 511 bytes of
+# padding) per member, a pax or long-name header now and then, and its end blocks.
+TAR_BYTES_PER_MEMBER = 2 * 512
+TAR_SLACK_BYTES = MAX_TAR_HEADER_BYTES + 64 * 512
+_CORRUPT = (zipfile.BadZipFile, tarfile.TarError, zlib.error, lzma.LZMAError, EOFError)
 
 
 class UploadError(DatasetError):
@@ -43,6 +63,9 @@ class UploadError(DatasetError):
 class UploadLimits:
     max_files: int = DEFAULT_MAX_FILES
     max_bytes: int = DEFAULT_MAX_MB * 1_000_000
+    # The settings a message names for raising each limit.
+    files_setting: str = MAX_FILES_ENV
+    bytes_setting: str = MAX_MB_ENV
 
     @classmethod
     def from_env(cls) -> UploadLimits:
@@ -99,7 +122,7 @@ def _plan(
     if len(members) > limits.max_files:
         raise UploadError(
             f"the archive has {len(members):,} members; the limit is {limits.max_files:,} "
-            f"(an admin can raise it with {MAX_FILES_ENV})"
+            f"(an admin can raise it with {limits.files_setting})"
         )
     problems: list[str] = []
     planned: list[tuple[zipfile.ZipInfo, tuple[str, ...]]] = []
@@ -137,48 +160,88 @@ def _plan(
     if declared > limits.max_bytes:
         raise UploadError(
             f"the archive unpacks to {_size(declared)}; the limit is "
-            f"{_size(limits.max_bytes)} (an admin can raise it with {MAX_MB_ENV})"
+            f"{_size(limits.max_bytes)} (an admin can raise it with {limits.bytes_setting})"
         )
-    if not_images:
-        shown = ", ".join(not_images[:MAX_PROBLEMS_SHOWN])
-        more = len(not_images) - MAX_PROBLEMS_SHOWN
-        report.skipped.append(
-            f"skipped {len(not_images)} "
-            + (
-                "member that is not an image"
-                if len(not_images) == 1
-                else "members that are not images"
-            )
-            + f": {shown}"
-            + (f" and {more} more" if more > 0 else "")
-        )
+    _name_skipped(not_images, report)
     return planned
 
 
+def _name_skipped(not_images: list[str], report: ExtractReport) -> None:
+    if not not_images:
+        return
+    shown = ", ".join(not_images[:MAX_PROBLEMS_SHOWN])
+    more = len(not_images) - MAX_PROBLEMS_SHOWN
+    report.skipped.append(
+        f"skipped {len(not_images)} "
+        + ("member that is not an image" if len(not_images) == 1 else "members that are not images")
+        + f": {shown}"
+        + (f" and {more} more" if more > 0 else "")
+    )
+
+
+def _too_large(limits: UploadLimits) -> UploadError:
+    return UploadError(
+        f"the archive unpacks to more than {_size(limits.max_bytes)} "
+        f"(an admin can raise the limit with {limits.bytes_setting})"
+    )
+
+
 def _copy_member(
-    archive: zipfile.ZipFile,
-    info: zipfile.ZipInfo,
+    source: IO[bytes],
+    name: str,
+    declared: int,
     target: Path,
     limits: UploadLimits,
     report: ExtractReport,
 ) -> None:
     written = 0
-    with archive.open(info) as source, open(target, "xb") as sink:
+    with source, open(target, "xb") as sink:
         while chunk := source.read(CHUNK_BYTES):
             written += len(chunk)
-            if written > info.file_size:
+            if written > declared:
                 raise UploadError(
-                    f"member {info.filename!r} unpacks to more than the "
-                    f"{info.file_size:,} bytes its header declares"
+                    f"member {name!r} unpacks to more than the {declared:,} bytes its header "
+                    "declares"
                 )
             if report.bytes_written + written > limits.max_bytes:
-                raise UploadError(
-                    f"the archive unpacks to more than {_size(limits.max_bytes)} "
-                    f"(an admin can raise the limit with {MAX_MB_ENV})"
-                )
+                raise _too_large(limits)
             sink.write(chunk)
     report.bytes_written += written
     report.files_written += 1
+
+
+def _write_member(
+    name: str,
+    parts: tuple[str, ...],
+    declared: int,
+    open_source: Callable[[], IO[bytes]],
+    destination: Path,
+    limits: UploadLimits,
+    report: ExtractReport,
+) -> None:
+    """Write one member, of `declared` bytes, as `destination/parts…` (a new file)."""
+    target = destination.joinpath(*parts)
+    if not target.parent.resolve().is_relative_to(destination):
+        raise UploadError(f"member {name!r} points outside the dataset folder")
+    clash = UploadError(f"member {name!r} clashes with a file or folder of the same name")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise clash from None
+    try:
+        _copy_member(open_source(), name, declared, target, limits, report)
+    except FileExistsError:
+        if target.is_dir():
+            raise clash from None
+        raise UploadError(f"member {name!r} appears twice in the archive") from None
+    except (NotADirectoryError, IsADirectoryError):
+        raise clash from None
+    except (*_CORRUPT, gzip.BadGzipFile) as exc:
+        raise UploadError(f"member {name!r} is corrupt: {exc}") from None
+    except NotImplementedError as exc:
+        raise UploadError(f"member {name!r} cannot be unpacked: {exc}") from None
+    except OSError as exc:
+        raise UploadError(f"cannot write member {name!r}: {exc.strerror or exc}") from None
 
 
 def _write(
@@ -189,32 +252,15 @@ def _write(
     report: ExtractReport,
 ) -> None:
     for info, parts in planned:
-        target = destination.joinpath(*parts)
-        if not target.parent.resolve().is_relative_to(destination):
-            raise UploadError(f"member {info.filename!r} points outside the dataset folder")
-        clash = UploadError(
-            f"member {info.filename!r} clashes with a file or folder of the same name"
+        _write_member(
+            info.filename,
+            parts,
+            info.file_size,
+            lambda info=info: archive.open(info),
+            destination,
+            limits,
+            report,
         )
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise clash from None
-        try:
-            _copy_member(archive, info, target, limits, report)
-        except FileExistsError:
-            if target.is_dir():
-                raise clash from None
-            raise UploadError(f"member {info.filename!r} appears twice in the archive") from None
-        except (NotADirectoryError, IsADirectoryError):
-            raise clash from None
-        except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-            raise UploadError(f"member {info.filename!r} is corrupt: {exc}") from None
-        except NotImplementedError as exc:
-            raise UploadError(f"member {info.filename!r} cannot be unpacked: {exc}") from None
-        except OSError as exc:
-            raise UploadError(
-                f"cannot write member {info.filename!r}: {exc.strerror or exc}"
-            ) from None
 
 
 def extract_zip(
@@ -239,4 +285,153 @@ def extract_zip(
         except BaseException:
             shutil.rmtree(destination, ignore_errors=True)
             raise
+    return report
+
+
+class _CountedStream:
+    """The decompressed bytes of a tar, refused past `limit` bytes in all."""
+
+    def __init__(self, source: IO[bytes], limit: int, limits: UploadLimits) -> None:
+        self._source = source
+        self._limit = limit
+        self._limits = limits
+        self.count = 0
+
+    def read(self, size: int = -1) -> bytes:
+        left = self._limit + 1 - self.count
+        chunk = self._source.read(left if size is None or size < 0 else min(size, left))
+        self.count += len(chunk)
+        if self.count > self._limit:
+            raise _too_large(self._limits)
+        return chunk
+
+
+def _decompressed(raw: IO[bytes]) -> IO[bytes]:
+    """The tar stream inside `raw`: gzip, bzip2 and xz by their magic bytes, else as it is."""
+    magic = raw.read(6)
+    raw.seek(0)
+    if magic.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if magic.startswith(b"BZh"):
+        return bz2.BZ2File(raw, mode="rb")
+    if magic.startswith(b"\xfd7zXZ\x00"):
+        return lzma.LZMAFile(raw, mode="rb")
+    return raw
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """A tar header whose long-name or pax extension, which tarfile reads into memory whole,
+    must be small."""
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        extended = (
+            tarfile.GNUTYPE_LONGNAME,
+            tarfile.GNUTYPE_LONGLINK,
+            tarfile.XHDTYPE,
+            tarfile.XGLTYPE,
+            tarfile.SOLARIS_XHDTYPE,
+        )
+        if self.type in extended and self.size > MAX_TAR_HEADER_BYTES:
+            raise UploadError(
+                f"the archive was refused: an extended header of {_size(self.size)} "
+                f"(at most {_size(MAX_TAR_HEADER_BYTES)})"
+            )
+        return super()._proc_member(tarfile_)  # type: ignore[misc]
+
+
+def _tar_kind(member: tarfile.TarInfo) -> str:
+    """'dir', 'file', or the kind of member that is refused."""
+    if member.isdir():
+        return "dir"
+    if member.issym():
+        return "a symbolic link"
+    if member.islnk():
+        return "a hard link"
+    if member.issparse():
+        return "a sparse file"
+    if member.isfile():
+        return "file"
+    return "a special file"
+
+
+def _extract_tar_members(
+    archive: tarfile.TarFile, destination: Path, limits: UploadLimits, report: ExtractReport
+) -> list[str]:
+    """Write the image members of a tar opened as a stream; returns the non-images skipped."""
+    not_images: list[str] = []
+    members = 0
+    declared = 0
+    for member in archive:
+        members += 1
+        if members > limits.max_files:
+            raise UploadError(
+                f"the archive has more than {limits.max_files:,} members (an admin can raise "
+                f"the limit with {limits.files_setting})"
+            )
+        declared += max(member.size, 0)
+        if declared > limits.max_bytes:
+            raise _too_large(limits)
+        parts = member_parts(member.name)
+        kind = _tar_kind(member)
+        if kind == "dir" or not parts:
+            continue
+        if kind != "file":
+            raise UploadError(f"the archive was refused: member {member.name!r} is {kind}")
+        if any(is_hidden(part) for part in parts):
+            continue
+        suffix = PurePosixPath(parts[-1]).suffix.lower()
+        if not is_image_name(parts[-1]) and suffix not in KEPT_SUFFIXES:
+            not_images.append(member.name)
+            continue
+
+        def open_member(member: tarfile.TarInfo = member) -> IO[bytes]:
+            source = archive.extractfile(member)
+            if source is None:
+                raise UploadError(f"member {member.name!r} cannot be unpacked")
+            return source
+
+        _write_member(member.name, parts, member.size, open_member, destination, limits, report)
+    return not_images
+
+
+def _opened(source: Path | BinaryIO) -> AbstractContextManager[IO[bytes]]:
+    """`source` to read in a `with`: a path opened (and closed after), a file left open."""
+    return open(source, "rb") if isinstance(source, Path) else nullcontext(source)
+
+
+def extract_tar(
+    source: Path | BinaryIO, destination: Path, limits: UploadLimits | None = None
+) -> ExtractReport:
+    """Unpack the tar `source` (plain, gzip, bzip2 or xz) into the new folder `destination`
+    by the rules of a zip upload (see the module docstring). On failure `destination` is
+    removed and an UploadError says why."""
+    limits = limits or UploadLimits.from_env()
+    destination = destination.resolve()
+    report = ExtractReport()
+    try:
+        opened = _opened(source)
+    except OSError as exc:
+        raise UploadError(f"cannot read the archive: {exc.strerror or exc}") from None
+    budget = limits.max_bytes + limits.max_files * TAR_BYTES_PER_MEMBER + TAR_SLACK_BYTES
+    destination.mkdir(parents=True, exist_ok=False)
+    try:
+        with opened as raw:
+            stream = _CountedStream(_decompressed(raw), budget, limits)
+            with tarfile.open(
+                fileobj=stream,
+                mode="r|",
+                tarinfo=_BoundedTarInfo,  # type: ignore[arg-type]
+            ) as archive:
+                not_images = _extract_tar_members(archive, destination, limits, report)
+    except UploadError:
+        shutil.rmtree(destination, ignore_errors=True)
+        raise
+    except (*_CORRUPT, OSError) as exc:
+        shutil.rmtree(destination, ignore_errors=True)
+        detail = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise UploadError(f"the archive is not a readable tar archive ({detail})") from None
+    except BaseException:
+        shutil.rmtree(destination, ignore_errors=True)
+        raise
+    _name_skipped(not_images, report)
     return report

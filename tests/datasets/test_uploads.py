@@ -4,15 +4,17 @@ half-written, and the message names the problem."""
 from __future__ import annotations
 
 import io
+import os
 import stat
 import struct
+import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from common.settings import SettingsError
-from datasets.uploads import UploadError, UploadLimits, extract_zip, member_parts
+from datasets.uploads import UploadError, UploadLimits, extract_tar, extract_zip, member_parts
 from tests.support.images import files_under, write_image
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
@@ -180,3 +182,110 @@ def test_member_names_are_checked_component_by_component() -> None:
     for hostile in ("..", "a/../../b", "..\\b", "/etc/passwd", "d:x.png", "a\x00b"):
         with pytest.raises(UploadError):
             member_parts(hostile)
+
+
+# A downloaded tar (`extract_tar`, for url datasets) follows the same rules, member by member.
+
+
+def tar_with(
+    members: list[tuple[tarfile.TarInfo | str, bytes]], mode: str = "w:gz", **options
+) -> io.BytesIO:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode=mode, **options) as archive:
+        for info, data in members:
+            member = tarfile.TarInfo(info) if isinstance(info, str) else info
+            if member.isreg():
+                member.size = len(data)
+            archive.addfile(member, io.BytesIO(data) if member.isreg() else None)
+    buffer.seek(0)
+    return buffer
+
+
+def tar_refused(source: io.BytesIO, workspace: Path, match: str, **limits: int) -> None:
+    """Extraction fails with a message matching `match`, and the workspace is unchanged."""
+    before = files_under(workspace)
+    destination = workspace / "uploads" / "ds"
+    with pytest.raises(UploadError, match=match):
+        extract_tar(source, destination, UploadLimits(**limits) if limits else None)
+    assert files_under(workspace) == before
+    assert not destination.exists()
+
+
+def _special(name: str, kind: bytes, target: str = "") -> tarfile.TarInfo:
+    member = tarfile.TarInfo(name)
+    member.type = kind
+    member.linkname = target
+    return member
+
+
+@pytest.mark.parametrize(
+    ("member", "words"),
+    [
+        ("../evil.png", r"'\.\./evil\.png' points outside the dataset folder"),
+        ("/tmp/absolute-evil.png", "has an absolute path"),
+        (_special("cat/link.png", tarfile.SYMTYPE, "/etc/passwd"), "is a symbolic link"),
+        (_special("cat/hard.png", tarfile.LNKTYPE, "cat/1.png"), "is a hard link"),
+        (_special("cat/tty.png", tarfile.CHRTYPE), "is a special file"),
+        (_special("cat/pipe.png", tarfile.FIFOTYPE), "is a special file"),
+    ],
+)
+def test_a_hostile_tar_member_is_refused_and_nothing_stays(
+    workspace: Path, member: tarfile.TarInfo | str, words: str
+) -> None:
+    hostile = tar_with([("cat/1.png", PNG), ("dog/1.png", PNG), (member, PNG)])
+    tar_refused(hostile, workspace, words)
+
+
+@pytest.mark.parametrize("mode", ["w", "w:gz", "w:bz2", "w:xz"])
+def test_a_tar_is_unpacked_by_the_rules_of_an_upload(workspace: Path, mode: str) -> None:
+    archive = tar_with(
+        [
+            ("pets/cat/1.png", PNG),
+            ("pets/dog/1.png", PNG),
+            ("pets/labels.csv", b"cat/1.png,cat\n"),
+            ("pets/README.txt", b"hello"),
+            ("pets/.DS_Store", b"junk"),
+            (_special("pets/empty", tarfile.DIRTYPE), b""),
+        ],
+        mode,
+    )
+    destination = workspace / "uploads" / "ds"
+
+    report = extract_tar(archive, destination)
+
+    assert files_under(destination) == {
+        "pets",
+        "pets/cat",
+        "pets/cat/1.png",
+        "pets/dog",
+        "pets/dog/1.png",
+        "pets/labels.csv",
+    }
+    assert (report.files_written, report.bytes_written) == (3, 2 * len(PNG) + 14)
+    assert report.skipped == ["skipped 1 member that is not an image: pets/README.txt"]
+
+
+def test_a_tar_counts_every_member_against_the_limits(workspace: Path) -> None:
+    many = tar_with([(f"cat/{n}.png", PNG) for n in range(4)])
+    tar_refused(many, workspace, "more than 3 members", max_files=3)
+    skipped_too = tar_with([("cat/1.png", PNG), ("notes.txt", bytes(20_000))])
+    tar_refused(skipped_too, workspace, "unpacks to more than 10,000 bytes", max_bytes=10_000)
+
+
+def test_a_tar_header_too_large_to_hold_is_refused(workspace: Path) -> None:
+    member = tarfile.TarInfo("cat/1.png")
+    member.pax_headers = {"comment": "x" * 2_000_000}
+    huge = tar_with([(member, PNG)], format=tarfile.PAX_FORMAT)
+    tar_refused(huge, workspace, "an extended header of 2 MB")
+
+
+def test_a_tar_bomb_stops_at_the_limit(workspace: Path) -> None:
+    bomb = tar_with([("cat/1.png", PNG), ("cat/zeros.png", bytes(50_000_000))])
+    assert len(bomb.getvalue()) < 200_000
+    tar_refused(bomb, workspace, r"unpacks to more than 10 MB", max_bytes=10_000_000)
+
+
+def test_something_that_is_not_a_tar_is_refused(workspace: Path) -> None:
+    tar_refused(io.BytesIO(b"<html>not found</html>" * 40), workspace, "not a readable tar")
+    truncated = tar_with([("cat/1.png", os.urandom(100_000))]).getvalue()[:50_000]
+    tar_refused(io.BytesIO(truncated), workspace, "corrupt|not a readable tar")
