@@ -39,6 +39,7 @@ MAX_SESSION_HOURS = 8_760.0
 DATABASE_URL_FORMS = "sqlite:///PATH or postgresql://USER[:PASSWORD]@HOST[:PORT]/DB"
 _DATABASE_URL = re.compile(r"^(?:sqlite(?:\+\w+)?|postgres|postgresql(?:\+\w+)?)://")
 _EMAIL_OR_DOMAIN = re.compile(r"^[^@\s]*@[^@\s]+$")
+MEGAPIXELS = "a whole number of megapixels, at least 1"
 STORE_URL_FORMS = "gs://BUCKET or gs://BUCKET/PREFIX (unset: a folder under the data folder)"
 
 
@@ -76,6 +77,11 @@ class Settings(BaseSettings):
     upload_max_mb: int = _setting(
         500, "TRAINDECK_UPLOAD_MAX_MB", "a whole number of megabytes, at least 1", ge=1
     )
+
+    # Checking a dataset's images (datasets.image_checks): the pixels of one image, and the
+    # pixels decoded to check one dataset.
+    image_max_megapixels: int = _setting(50, "TRAINDECK_IMAGE_MAX_MEGAPIXELS", MEGAPIXELS, ge=1)
+    check_max_megapixels: int = _setting(5_000, "TRAINDECK_CHECK_MAX_MEGAPIXELS", MEGAPIXELS, ge=1)
 
     # The store: where the files that cross machines live (common.store).
     store: str | None = _setting(None, "TRAINDECK_STORE", f"a store URL, {STORE_URL_FORMS}")

@@ -5,12 +5,15 @@ Allowed data roots (`datasets.roots`): the data folder (`TRAINDECK_DATA`) and ev
 admin lists in `TRAINDECK_DATASET_ROOTS` (separated by `os.pathsep`, ':' on Linux), but never
 the jobs folder inside the data folder. A dataset outside them is refused, so a browser user
 cannot point the server at /etc, at someone's home folder or at other jobs' files.
+
+The images are decoded at a bounded cost, in a pool of processes (`datasets.image_checks`):
+`TRAINDECK_IMAGE_MAX_MEGAPIXELS` per image, read from its header before it is decoded, and
+`TRAINDECK_CHECK_MAX_MEGAPIXELS` decoded per dataset.
 """
 
 from __future__ import annotations
 
 import unicodedata
-import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,11 +22,13 @@ from typing import Any
 
 from common import config
 from common.files import jobs_dir
+from datasets import image_checks
+from datasets.image_checks import DRAFT_SIZE, PixelLimits
 from datasets.labelling import DatasetError, LabelledItems, relative_name, scan_items
 from datasets.roots import DATASET_ROOTS_ENV, ItemRule, allowed_roots
 from db.spec import normalize_dataset_name
 
-__all__ = ["DATASET_ROOTS_ENV", "allowed_roots"]
+__all__ = ["DATASET_ROOTS_ENV", "DRAFT_SIZE", "allowed_roots"]
 
 MAX_NAME_LENGTH = 100
 # The upload folder is named after the dataset, and its staging folder adds 18 characters:
@@ -35,8 +40,6 @@ NAME_RULE = (
     "and must start with a letter or digit"
 )
 RESERVED_NAMES = frozenset({"digits"})
-# Decoding a JPEG at a reduced scale proves it is readable at a fraction of the cost.
-DRAFT_SIZE = (64, 64)
 MAX_NAMED_IN_MESSAGE = 5
 
 ProgressCallback = Callable[[int, int], None]
@@ -104,23 +107,10 @@ def validate_dataset_name(name: str) -> str:
 
 def check_image(path: Path) -> tuple[str | None, str | None]:
     """(its mode, None) when the image at `path` reads as training reads it ('RGB',
-    'L 16-bit', …: `datasets.images.mode_label`), else (None, why it cannot be decoded)."""
-    from PIL import Image
-
-    from datasets.images import SOURCE_MODE, open_image
-
-    try:
-        with warnings.catch_warnings():
-            # Bomb-sized images are refused below; PIL's other warnings (a palette's
-            # transparency dropped by RGB) would repeat once per file of a dataset.
-            warnings.simplefilter("ignore")
-            image = open_image(path, draft=DRAFT_SIZE)
-    except Image.DecompressionBombError:
-        return None, "has too many pixels to decode safely"
-    except Exception as exc:
-        detail = str(exc).replace(str(path), path.name) or type(exc).__name__
-        return None, f"cannot be decoded: {detail}"
-    return image.info[SOURCE_MODE], None
+    'L 16-bit', …: `datasets.images.mode_label`), else (None, why it cannot be decoded).
+    One image, in this process; a dataset's images are checked by `find_bad_files`."""
+    found = image_checks.check(path, PixelLimits.from_env())
+    return found.mode, found.problem
 
 
 def image_problem(path: Path) -> str | None:
@@ -141,6 +131,8 @@ class DatasetReport:
     problems: list[str] = field(default_factory=list)
     # Decodable images per file mode ('RGB', 'L 16-bit', …), most common first.
     modes: dict[str, int] = field(default_factory=dict)
+    # Pixels decoded to check the images (bounded by TRAINDECK_CHECK_MAX_MEGAPIXELS).
+    decoded_pixels: int = 0
 
     @property
     def classes(self) -> list[str]:
@@ -197,27 +189,39 @@ def find_bad_files(
     items: LabelledItems,
     progress: ProgressCallback | None = None,
     modes: Counter[str] | None = None,
+    limits: PixelLimits | None = None,
 ) -> dict[str, str]:
-    """Relative name → reason for every item that cannot be decoded, or that lies in the
-    jobs folder or links there or out of the dataset folder and the allowed roots (the scans
-    skip the jobs folder already; an item list made elsewhere is checked too). Counts the
-    mode of every decodable image in `modes`."""
+    """Relative name → reason for every item that cannot be decoded (or has too many pixels
+    to), or that lies in the jobs folder or links there or out of the allowed roots (the
+    scans skip those already; an item list made elsewhere is checked too). Counts the mode
+    of every decodable image in `modes`. A DatasetError when checking the images would
+    decode more than `TRAINDECK_CHECK_MAX_MEGAPIXELS`."""
+    return _find_bad_files(root, items, progress, modes, limits)[0]
+
+
+def _find_bad_files(
+    root: Path,
+    items: LabelledItems,
+    progress: ProgressCallback | None,
+    modes: Counter[str] | None,
+    limits: PixelLimits | None,
+) -> tuple[dict[str, str], int]:
     rule = ItemRule(root)
     bad: dict[str, str] = {}
-    total = len(items.items)
-    for index, (path, _) in enumerate(items.items):
+    to_check: list[Path] = []
+    for path, _ in items.items:
         problem = rule.problem(path)
         if problem is not None:
             bad[relative_name(path, root)] = problem
         else:
-            mode, reason = check_image(path)
-            if reason:
-                bad[relative_name(path, root)] = reason
-            elif modes is not None:
-                modes[mode] += 1
-        if progress is not None:
-            progress(index + 1, total)
-    return bad
+            to_check.append(path)
+    checked, decoded = image_checks.check_images(to_check, limits, progress)
+    for path, found in zip(to_check, checked, strict=True):
+        if found.problem is not None:
+            bad[relative_name(path, root)] = found.problem
+        elif modes is not None and found.mode is not None:
+            modes[found.mode] += 1
+    return bad, decoded
 
 
 def inspect_dataset(
@@ -231,7 +235,7 @@ def inspect_dataset(
     that keep the dataset from training."""
     items = scan_items(root, rule)
     modes: Counter[str] = Counter()
-    bad = find_bad_files(root, items, progress, modes) if check_images else {}
+    bad, decoded = _find_bad_files(root, items, progress, modes, None) if check_images else ({}, 0)
     kept_labels: list[str] = []
     kept_flags: list[bool] = []
     for index, (path, label) in enumerate(items.items):
@@ -257,6 +261,7 @@ def inspect_dataset(
         }
     report = DatasetReport(root, rule, counts, split_counts, bad, list(items.skipped))
     report.modes = dict(sorted(modes.items(), key=lambda entry: (-entry[1], entry[0])))
+    report.decoded_pixels = decoded
     report.problems = _problems(report)
     return report
 
