@@ -8,22 +8,34 @@ import streamlit as st
 from dashboard import charts
 from dashboard.format import chart_text
 from dashboard.state import get_engine
-from db.jobs_table import JobRow, job_rows
+from db.engine import Engine
+from db.joblist import JobFilter, job_number
+from db.jobs_table import JobRow, find_jobs, job_page, jobs_by_id
+from db.models import JOB_STATUSES
 from db.series import Buckets, snapshot
 from db.telemetry import final_metrics
 
 MAX_BUCKETS = 600
 DEFAULT_COUNT = 3
+PICKER_ROWS = 50  # the newest jobs a search finds; typing more finds any other
+MAX_NAMED = 50  # jobs taken from ?jobs=
 
 
-def default_selection(rows: list[JobRow]) -> list[int]:
+def default_selection(engine: Engine) -> list[int]:
     """Jobs named in the address (?jobs=3,5), else the newest few that have started."""
     raw = st.query_params.get("jobs", "")
-    named = [int(part) for part in raw.split(",") if part.strip().isdigit()]
-    known = {row.id for row in rows}
+    named = [number for part in raw.split(",") if (number := job_number(part)) is not None]
     if named:
-        return [job_id for job_id in named if job_id in known]
-    return [row.id for row in rows if row.status != "queued"][:DEFAULT_COUNT]
+        return [row.id for row in jobs_by_id(engine, named[:MAX_NAMED])]
+    started = JobFilter(statuses=tuple(s for s in JOB_STATUSES if s != "queued"))
+    return [row.id for row in job_page(engine, started, limit=DEFAULT_COUNT).rows]
+
+
+def job_options(engine: Engine, default: list[int], search: str) -> list[JobRow]:
+    """The jobs offered: those chosen (however old), then those `search` finds in SQL."""
+    picked = [*st.session_state.get("compare.jobs", []), *default]
+    rows = jobs_by_id(engine, picked) + find_jobs(engine, search, limit=PICKER_ROWS)
+    return list({row.id: row for row in rows}.values())
 
 
 def parameters_table(rows: list[JobRow], show_all: bool) -> pd.DataFrame:
@@ -39,15 +51,19 @@ def parameters_table(rows: list[JobRow], show_all: bool) -> pd.DataFrame:
 
 
 st.title("Compare jobs")
-rows = job_rows(get_engine(), limit=300)
+default = default_selection(get_engine())
+search = st.text_input(
+    "Find jobs to add", placeholder="a job number or a piece of its name", key="compare.find"
+)
+rows = job_options(get_engine(), default, search)
 if not rows:
-    st.info("No jobs yet.")
+    st.info("No job matches." if search.strip() else "No jobs yet.")
     st.stop()
 by_id = {row.id: row for row in rows}
 chosen = st.multiselect(
     "Jobs",
     list(by_id),
-    default=default_selection(rows),
+    default=default,
     format_func=lambda i: f"#{i} · {by_id[i].name} · {by_id[i].status}",
     key="compare.jobs",
 )

@@ -24,7 +24,8 @@ from dashboard.results_view import render_results
 from dashboard.state import get_engine
 from db.artifacts import list_artifacts
 from db.engine import Engine
-from db.jobs_table import job_rows, progress_fraction
+from db.joblist import job_number
+from db.jobs_table import find_jobs, jobs_by_id, progress_fraction
 from db.models import FINISHED_STATUSES, Job
 from db.queue import JobNotFound, get_job
 
@@ -33,25 +34,46 @@ LIVE_KEY = "job.live"
 TAB_KEY = "job.tab"
 DRAWN_STATUS_KEY = "job.drawn_status"
 LOG_LINES_SHOWN = 300
+PICKER_ROWS = 50
+PICKED_KEY = "job.picked"  # the job the picker put in the address
 
 
 def chosen_job_id() -> int | None:
-    """The job in the address (?job=N), else one picked here."""
+    """The job in the address (?job=N), else one picked here.
+
+    The picker searches in SQL (a job number or a piece of the name), so any job can be
+    picked however many there are. It puts the job it picked in the address, and stays on the
+    page while that is the job shown, so that a person can search and pick again.
+    """
     raw = st.query_params.get("job")
-    if raw is not None:
+    if raw is not None and raw != st.session_state.get(PICKED_KEY):
         try:
             return int(raw)
         except ValueError:
             st.warning(f"{plain(repr(raw))} is not a job number.")
-    rows = job_rows(get_engine(), limit=200)
-    if not rows:
-        st.info("No jobs yet.")
-        return None
-    by_id = {row.id: row for row in rows}
-    job_id = st.selectbox(
-        "Job", list(by_id), format_func=lambda i: f"#{i} · {by_id[i].name} · {by_id[i].status}"
+    search = st.text_input(
+        "Find a job", placeholder="a job number or a piece of its name", key="job.find"
     )
-    st.query_params["job"] = str(job_id)
+    rows = find_jobs(get_engine(), search, limit=PICKER_ROWS)  # searched in SQL
+    if len(rows) == PICKER_ROWS:
+        st.caption(f"The newest {PICKER_ROWS} that match: type more to find others.")
+    picked = job_number(raw) if raw is not None else None
+    by_id = {row.id: row for row in rows}
+    if picked is not None and picked not in by_id:  # keep the job shown on offer
+        by_id = {row.id: row for row in jobs_by_id(get_engine(), [picked])} | by_id
+    if not by_id:
+        st.info("No job matches." if search.strip() else "No jobs yet.")
+        return None
+    if not rows:
+        st.caption("No other job matches.")
+    ids = list(by_id)
+    job_id = st.selectbox(
+        "Job",
+        ids,
+        index=ids.index(picked) if picked in by_id else 0,
+        format_func=lambda i: f"#{i} · {by_id[i].name} · {by_id[i].status}",
+    )
+    st.session_state[PICKED_KEY] = st.query_params["job"] = str(job_id)
     return job_id
 
 

@@ -1,6 +1,16 @@
-"""Jobs: every job with its progress and latest metrics, by status, and what to do with one."""
+"""Jobs: every job with its progress and latest metrics, a page at a time, and what to do
+with one.
+
+Filters (status, a number or a piece of the name) and the order are applied in SQL, and the
+pages are keyset pages (`db.jobs_table.job_page`): the first, the previous, the next and the
+last page each cost a few index ranges, so every job can be reached however many there are.
+"Next to run" lists the queue in the order workers take it. A page stays anchored where it is
+while the table refreshes: new jobs show on the first page without pushing the others along.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pandas as pd
 import streamlit as st
@@ -9,12 +19,19 @@ from dashboard import actions
 from dashboard.format import between, duration, since
 from dashboard.nav import JOB_PAGE, NEW_JOB_PAGE
 from dashboard.state import get_engine
-from db.jobs_table import JobRow, job_rows
+from db.joblist import ORDERS, Cursor, JobFilter, Order
+from db.jobs_table import JobPage, JobRow, count_jobs, job_page
 from db.models import JOB_STATUSES
 from db.queue import count_by_status
 
 REFRESH_S = 5
-MAX_ROWS = 500
+PAGE_SIZES = (25, 50, 100, 200)
+PAGE_KEY = "jobs.page"
+ORDER_LABELS = {
+    "newest": "Newest first",
+    "oldest": "Oldest first",
+    "next": "Next to run (the queue)",
+}
 
 
 def status_text(row: JobRow) -> str:
@@ -29,6 +46,7 @@ def table(rows: list[JobRow]) -> pd.DataFrame:
             "job": [f"job?job={row.id}" for row in rows],
             "name": [row.name for row in rows],
             "status": [status_text(row) for row in rows],
+            "priority": [row.priority for row in rows],
             "progress": [row.progress for row in rows],
             "epoch": [f"{row.epoch}/{row.total_epochs}" for row in rows],
             "train loss": [row.train_loss for row in rows],
@@ -59,22 +77,79 @@ def job_label(row: JobRow) -> str:
     return f"#{row.id} · {row.name} · {status_text(row)}"
 
 
-@st.fragment(run_every=REFRESH_S)
-def jobs_view(statuses: list[str]) -> None:
+def _anchor(signature: tuple) -> tuple:
+    """Where the page stands: ("first",), ("after", id, priority), ("before", id, priority)
+    or ("last",); back to the first page when the filters, the order or the size change."""
+    state = st.session_state.get(PAGE_KEY)
+    if not isinstance(state, dict) or state.get("for") != signature:
+        state = st.session_state[PAGE_KEY] = {"for": signature, "at": ("first",)}
+    return state["at"]
+
+
+def _go(signature: tuple, at: tuple) -> None:
+    st.session_state[PAGE_KEY] = {"for": signature, "at": at}
+
+
+def _read_page(filters: JobFilter, order: Order, size: int, at: tuple) -> JobPage:
     engine = get_engine()
-    rows = job_rows(engine, statuses or None, limit=MAX_ROWS)
-    if not rows:
-        st.info("No jobs" + (" with that status." if statuses else " yet."))
+    if at[0] == "after":
+        return job_page(engine, filters, order, after=Cursor(at[1], at[2]), limit=size)
+    if at[0] == "before":
+        return job_page(engine, filters, order, before=Cursor(at[1], at[2]), limit=size)
+    return job_page(engine, filters, order, to_end=at[0] == "last", limit=size)
+
+
+def _pager(page: JobPage, signature: tuple) -> None:
+    first, last = page.first, page.last
+    columns = st.columns(4)
+    buttons: list[tuple[str, str, tuple | None, bool]] = [
+        ("First page", ":material/first_page:", ("first",), page.earlier),
+        ("Previous", ":material/chevron_left:", first and ("before", first.id, first.priority),
+         page.earlier),
+        ("Next", ":material/chevron_right:", last and ("after", last.id, last.priority),
+         page.later),
+        ("Last page", ":material/last_page:", ("last",), page.later),
+    ]  # fmt: skip
+    for column, (label, icon, at, enabled) in zip(columns, buttons, strict=True):
+        column.button(
+            label,
+            icon=icon,
+            key=f"jobs.pager.{label}",
+            disabled=not enabled or at is None,
+            on_click=_go,
+            args=(signature, at),
+            width="stretch",
+        )
+
+
+@st.fragment(run_every=REFRESH_S)
+def jobs_view(filters: JobFilter, order: Order, size: int) -> None:
+    engine = get_engine()
+    signature = (filters, order, size)
+    at = _anchor(signature)
+    page = _read_page(filters, order, size, at)
+    if not page.rows and at != ("first",):  # the jobs it stood by are gone
+        at = ("first",)
+        _go(signature, at)
+        page = _read_page(filters, order, size, at)
+    filtered = bool(filters.statuses or filters.search) or order == "next"
+    if not page.rows:
+        st.info("No jobs" + (" match." if filtered else " yet."))
         st.page_link(NEW_JOB_PAGE, label="Configure a job", icon=":material/add_circle:")
         return
-    if len(rows) == MAX_ROWS:
-        st.caption(f"The newest {MAX_ROWS} jobs; filter by status to see others.")
-    st.dataframe(table(rows), column_config=COLUMNS, hide_index=True, width="stretch")
+    total = count_jobs(engine, filters, order)
+    where = "the queue, in the order workers take it" if order == "next" else "jobs"
+    st.caption(
+        f"{total:,} {'matching ' if filtered and order != 'next' else ''}{where}; "
+        f"this page: {len(page.rows)}, from #{page.rows[0].id} to #{page.rows[-1].id}."
+    )
+    st.dataframe(table(page.rows), column_config=COLUMNS, hide_index=True, width="stretch")
+    _pager(page, signature)
 
     st.subheader("Act on a job")
-    by_id = {row.id: row for row in rows}
+    by_id = {row.id: row for row in page.rows}
     if st.session_state.get("jobs.selected") not in by_id:
-        st.session_state["jobs.selected"] = rows[0].id
+        st.session_state["jobs.selected"] = page.rows[0].id
     job_id = st.selectbox(
         "Job", list(by_id), format_func=lambda i: job_label(by_id[i]), key="jobs.selected"
     )
@@ -85,13 +160,27 @@ def jobs_view(statuses: list[str]) -> None:
     actions.render_buttons(engine, job_id, row.status, row.spec, key="jobs")
 
 
+def _status_label(counts: dict[str, Any]) -> Any:
+    return lambda status: f"{status} ({counts.get(status, 0):,})"
+
+
 st.title("Jobs")
 counts = count_by_status(get_engine())
-chosen = st.multiselect(
+status_column, search_column, order_column, size_column = st.columns([3, 3, 2, 1])
+chosen = status_column.multiselect(
     "Status",
     JOB_STATUSES,
-    format_func=lambda status: f"{status} ({counts.get(status, 0)})",
+    format_func=_status_label(counts),
     placeholder="All statuses",
     key="jobs.statuses",
 )
-jobs_view(chosen)
+search = search_column.text_input(
+    "Find", placeholder="a job number or a piece of its name", key="jobs.search"
+)
+order = order_column.selectbox(
+    "Order", ORDERS, format_func=ORDER_LABELS.__getitem__, key="jobs.order"
+)
+size = size_column.selectbox("Per page", PAGE_SIZES, index=1, key="jobs.size")
+if order == "next" and chosen and chosen != ["queued"]:
+    st.caption("The queue holds queued jobs only: the status filter does not apply to it.")
+jobs_view(JobFilter(tuple(chosen), search=search.strip()), order, size)
