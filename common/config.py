@@ -62,3 +62,8 @@ def heartbeat_interval_s() -> float:
 def sqlite_busy_timeout_s() -> float:
     """How long a SQLite write waits for another writer's lock before it fails."""
     return settings().sqlite_busy_timeout_s
+
+
+def checkpoint_interval_s() -> float:
+    """Seconds between two checkpoint writes of a job (its spec may say otherwise)."""
+    return settings().checkpoint_interval_s

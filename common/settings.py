@@ -104,6 +104,14 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = _setting(
         60.0, "TRAINDECK_HEARTBEAT_TIMEOUT", SECONDS, gt=0, le=MAX_SECONDS, allow_inf_nan=False
     )
+    checkpoint_interval_s: float = _setting(
+        60.0,
+        "TRAINDECK_CHECKPOINT_INTERVAL",
+        "a number of seconds, 0 (every epoch) or more (at most 86400, a day)",
+        ge=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+    )
 
     # The dashboard.
     port: int = _setting(8501, "TRAINDECK_PORT", "a port number from 1 to 65535", ge=1, le=65535)

@@ -144,6 +144,13 @@ class JobSpec(BaseModel):
         "training after which the job is stopped and failed; "
         "empty for none.",
     )
+    checkpoint_interval: int | None = Field(
+        None,
+        ge=0,
+        le=24 * 3600,
+        description="Seconds between checkpoint writes (0: every epoch); empty for the "
+        "worker's TRAINDECK_CHECKPOINT_INTERVAL. A stop writes the newest epoch's state.",
+    )
 
     @field_validator("name", "dataset")
     @classmethod
@@ -167,6 +174,7 @@ class JobSpec(BaseModel):
         "priority",
         "max_attempts",
         "time_limit",
+        "checkpoint_interval",
         mode="before",
     )
     @classmethod

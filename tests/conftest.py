@@ -24,6 +24,9 @@ POSTGRES_ADMIN_URL = os.environ.get(
     "TRAINDECK_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
 BACKENDS = ("sqlite", "postgres")
+# Tests that stop, kill and resume jobs expect a checkpoint after every epoch (the default
+# writes at most once a minute); workers started by tests inherit this.
+os.environ.setdefault("TRAINDECK_CHECKPOINT_INTERVAL", "0")
 
 
 def _postgres_url(database: str) -> str:

@@ -397,5 +397,5 @@ class FailpointCallback(Callback):
     def before_batch(self) -> None:
         if in_lr_find(self.learn):
             failpoint(LR_FIND_TMP_SAVED)
-        elif not self.training:
+        elif not self.training and self.iter == 0:  # once per validation pass
             failpoint(VALIDATION_STARTED)

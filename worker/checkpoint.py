@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,16 +95,20 @@ def write_checkpoint(job_dir: Path, state: dict[str, Any]) -> Path:
 
 
 class CheckpointWriter:
-    """Writes checkpoints, on a background thread when `background` is set.
+    """Keeps each epoch's state and writes it as the job's checkpoint, at most every
+    `interval_s` seconds (and always at the last epoch), on a background thread when
+    `background` is set.
 
-    In the background, the training thread only copies the state to the host; serialising,
-    writing, fsync and rename happen on the thread while the next epoch trains. That pays where
-    the host waits for an accelerator. Training on the CPU already keeps every core busy, and
-    a writer thread would only compete with it, so there the write happens in `save`.
+    At every epoch's end the state is copied to the host and kept in memory; it is written
+    only once `interval_s` has passed since the last write (or since training began), so a
+    run of short epochs does not pay a write each. `flush` writes the newest copy kept: a stop
+    request loses at most the epoch in progress; only a kill can lose up to the interval.
 
-    One write at a time: `save` first waits for the previous write. A write that failed is
-    raised by the next `save` or by `wait`, so a full disk still fails the job with its reason,
-    and the checkpoint before it stays intact.
+    In the background, serialising, writing, fsync and rename happen on a thread while the
+    next epoch trains. That pays where the host waits for an accelerator; training on the CPU
+    keeps every core busy, so there the write happens in `save`. One write at a time; a write
+    that failed is raised by the next `save`, `flush` or `wait`, so a full disk still fails
+    the job with its reason, and the checkpoint before it stays intact.
     """
 
     def __init__(
@@ -111,26 +116,51 @@ class CheckpointWriter:
         job_dir: Path,
         background: bool = True,
         after_write: Callable[[Path, int], None] | None = None,
+        interval_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.job_dir = job_dir
         self.background = background
         # Called with the file and its epoch once a checkpoint is on disk (the upload).
         self.after_write = after_write
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last_write = clock()
+        self._kept: dict[str, Any] | None = None
         self._thread: threading.Thread | None = None
         self._failure: Exception | None = None
 
-    def save(self, learn: Any, *, epoch: int, lr: float, spec: dict[str, Any]) -> None:
+    def save(
+        self, learn: Any, *, epoch: int, lr: float, spec: dict[str, Any], last: bool = False
+    ) -> None:
+        """The state after `epoch`: written now if the interval has passed or it is the last
+        epoch, else kept in memory for `flush` or the next write."""
+        copy = self.background or self.interval_s > 0
+        state = checkpoint_state(learn, epoch=epoch, lr=lr, spec=spec, copy=copy)
+        if last or self._clock() - self._last_write >= self.interval_s:
+            self._write(state)
+        else:
+            self._kept = state
+
+    def flush(self) -> None:
+        """Write the newest state kept in memory, if any, and wait until it is on disk."""
+        if self._kept is not None:
+            self._write(self._kept)
         self.wait()
-        state = checkpoint_state(learn, epoch=epoch, lr=lr, spec=spec, copy=self.background)
+
+    def _write(self, state: dict[str, Any]) -> None:
+        self.wait()
+        self._kept = None
+        self._last_write = self._clock()
         if not self.background:
-            self._written(write_checkpoint(self.job_dir, state), epoch)
+            self._written(write_checkpoint(self.job_dir, state), state["epoch"])
             return
         self._thread = threading.Thread(
-            target=self._write, args=(state,), name="checkpoint-writer", daemon=True
+            target=self._write_in_background, args=(state,), name="checkpoint-writer", daemon=True
         )
         self._thread.start()
 
-    def _write(self, state: dict[str, Any]) -> None:
+    def _write_in_background(self, state: dict[str, Any]) -> None:
         try:
             self._written(write_checkpoint(self.job_dir, state), state["epoch"])
         except Exception as exc:  # raised on the training thread by the next save or wait
@@ -141,7 +171,7 @@ class CheckpointWriter:
             self.after_write(path, epoch)
 
     def wait(self) -> None:
-        """Until the last checkpoint is on disk; raises why it is not (ArtifactWriteError for a
+        """Until the last write is on disk; raises why it is not (ArtifactWriteError for a
         full disk or an unwritable folder)."""
         if self._thread is not None:
             self._thread.join()

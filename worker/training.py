@@ -367,11 +367,15 @@ def run(ctx: TrainingContext) -> Path:
         ctx.lease.job_id, ctx.job_dir, ctx.writer.add_event, kept=store.checkpoints_kept()
     )
     checkpoints = checkpoint.CheckpointWriter(
-        ctx.job_dir, background=device.type != "cpu", after_write=uploads.submit
+        ctx.job_dir,
+        background=device.type != "cpu",
+        after_write=uploads.submit,
+        interval_s=checkpoint_interval_s(spec),
     )
 
     def on_epoch_end(epoch: int) -> None:
-        checkpoints.save(learn, epoch=epoch, lr=lr, spec=spec.model_dump(mode="json"))
+        last = epoch + 1 == clock.total_epochs
+        checkpoints.save(learn, epoch=epoch, lr=lr, spec=spec.model_dump(mode="json"), last=last)
 
     epoch_end = EpochEndCallback(clock, on_epoch_end)
     divergence = DivergenceCallback(clock)
@@ -383,7 +387,7 @@ def run(ctx: TrainingContext) -> Path:
         # Stopped or failed: the write in flight still lands, so a requeued job resumes from
         # the newest checkpoint; its own failure would only hide the reason being raised.
         with contextlib.suppress(Exception):
-            checkpoints.wait()
+            checkpoints.flush()  # the newest epoch's state kept in memory, if not yet written
         uploads.wait(timeout=UPLOAD_WAIT_ON_STOP_S)
         uploads.close()
         raise
@@ -399,6 +403,13 @@ def run(ctx: TrainingContext) -> Path:
     if ctx.stop.is_set():
         raise StopRequested()
     return export
+
+
+def checkpoint_interval_s(spec: JobSpec) -> float:
+    """Seconds between checkpoint writes: the job's own, else the worker's setting."""
+    if spec.checkpoint_interval is not None:
+        return float(spec.checkpoint_interval)
+    return config.checkpoint_interval_s()
 
 
 def _finish_checkpoints(ctx: TrainingContext, uploads: CheckpointUploader) -> None:

@@ -30,6 +30,7 @@ from tests.support.workers import (
     wait_until_stopped_at,
 )
 from worker import failpoints
+from worker.checkpoint import checkpoint_path
 
 pytestmark = pytest.mark.slow
 
@@ -347,3 +348,40 @@ def test_cancel_during_export(engine, database_url, digits_dataset):
     assert not (job_dir(job_id) / "export.pkl").exists(), "a cancelled job leaves no export"
     assert not list(job_dir(job_id).glob(".export.pkl.*.tmp"))
     assert (job_dir(job_id) / "checkpoint.pth").exists(), "the last checkpoint is kept"
+
+
+# --- checkpoints written at most every interval ---------------------------------------------
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_stop_writes_the_epoch_kept_in_memory_and_the_job_resumes_from_it(
+    engine, database_url, digits_dataset
+):
+    """With a long checkpoint interval nothing is written after epoch 1; a graceful shutdown
+    in epoch 2 writes epoch 1's state kept in memory, and the next attempt resumes from it."""
+    spec = {**SMALL_JOB, "dataset": digits_dataset(), "epochs": 3, "checkpoint_interval": 3600}
+    job_id = queue.submit(engine, spec)
+    armed = f"{failpoints.VALIDATION_STARTED}@2"
+    worker = start_worker(TRAINDECK_HEARTBEAT_INTERVAL="0.5", TRAINDECK_FAILPOINTS=armed)
+    try:
+        child = _only_child(worker)
+        wait_until_stopped_at(child, armed, lambda: output_tail(worker))
+        assert not checkpoint_path(job_dir(job_id)).exists(), "within the interval: not written"
+        worker.send_signal(signal.SIGTERM)
+        wait_for(lambda: _sigterm_pending(child), 60, "the supervisor's stop signal")
+        os.kill(child, signal.SIGCONT)
+        output, _ = worker.communicate(timeout=300)
+    finally:
+        worker.kill()
+    assert worker.returncode == 0, output[-3000:]
+    assert queue.get_job(engine, job_id).status == "queued"
+    assert checkpoint_path(job_dir(job_id)).exists(), output[-3000:]
+    state = torch.load(checkpoint_path(job_dir(job_id)), map_location="cpu", weights_only=False)
+    assert state["epoch"] == 0, "epoch 1's state, kept in memory, written at the stop"
+
+    result = run_worker("--once")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert queue.get_job(engine, job_id).status == "succeeded"
+    messages = _messages(engine, job_id)
+    assert any(m.startswith("resumed from the checkpoint after epoch 1 ") for m in messages)
+    _assert_every_point_once(engine, job_id, epochs=3)
