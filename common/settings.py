@@ -22,6 +22,7 @@ TRAINDECK_WORKER_DATABASE_URL).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -39,6 +40,8 @@ MAX_SESSION_HOURS = 8_760.0
 DATABASE_URL_FORMS = "sqlite:///PATH or postgresql://USER[:PASSWORD]@HOST[:PORT]/DB"
 _DATABASE_URL = re.compile(r"^(?:sqlite(?:\+\w+)?|postgres|postgresql(?:\+\w+)?)://")
 _EMAIL_OR_DOMAIN = re.compile(r"^[^@\s]*@[^@\s]+$")
+_HOST_NAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_.])?$")
+MEGABYTES = "a whole number of megabytes, at least 1"
 MEGAPIXELS = "a whole number of megapixels, at least 1"
 STORE_URL_FORMS = "gs://BUCKET or gs://BUCKET/PREFIX (unset: a folder under the data folder)"
 
@@ -78,6 +81,19 @@ class Settings(BaseSettings):
         500, "TRAINDECK_UPLOAD_MAX_MB", "a whole number of megabytes, at least 1", ge=1
     )
 
+    # URL datasets: where the worker may download from, and how much (datasets.download).
+    url_allow: Annotated[tuple[str, ...], NoDecode] = _setting(
+        (),
+        "TRAINDECK_URL_ALLOW",
+        "host names, IP addresses and networks (10.0.0.0/8) of internal mirrors, separated by "
+        "commas or spaces",
+    )
+    url_max_mb: int = _setting(2_000, "TRAINDECK_URL_MAX_MB", MEGABYTES, ge=1)
+    url_max_unpacked_mb: int = _setting(2_000, "TRAINDECK_URL_MAX_UNPACKED_MB", MEGABYTES, ge=1)
+    url_max_files: int = _setting(
+        50_000, "TRAINDECK_URL_MAX_FILES", "a whole number of files, at least 1", ge=1
+    )
+
     # Checking a dataset's images (datasets.image_checks): the pixels of one image, and the
     # pixels decoded to check one dataset.
     image_max_megapixels: int = _setting(50, "TRAINDECK_IMAGE_MAX_MEGAPIXELS", MEGAPIXELS, ge=1)
@@ -103,14 +119,6 @@ class Settings(BaseSettings):
     )
     heartbeat_timeout_s: float = _setting(
         60.0, "TRAINDECK_HEARTBEAT_TIMEOUT", SECONDS, gt=0, le=MAX_SECONDS, allow_inf_nan=False
-    )
-    checkpoint_interval_s: float = _setting(
-        60.0,
-        "TRAINDECK_CHECKPOINT_INTERVAL",
-        "a number of seconds, 0 (every epoch) or more (at most 86400, a day)",
-        ge=0,
-        le=MAX_SECONDS,
-        allow_inf_nan=False,
     )
 
     # The dashboard.
@@ -161,6 +169,20 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return tuple(entry.strip() for entry in value.split(os.pathsep) if entry.strip())
         return value
+
+    @field_validator("url_allow", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        entries = tuple(dict.fromkeys(value.replace(",", " ").split()))
+        for entry in entries:
+            try:
+                ipaddress.ip_network(entry.strip("[]"), strict=False)
+            except ValueError:
+                if not _HOST_NAME.match(entry):
+                    raise ValueError("not host names, addresses or networks") from None
+        return entries
 
     @field_validator("allowed_users", mode="before")
     @classmethod

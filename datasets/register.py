@@ -27,6 +27,7 @@ from datasets.labelling import (
     detect_label_rule,
 )
 from datasets.uploads import UploadLimits, extract_zip
+from datasets.urls import check_url, shown_url
 from datasets.validation import (
     DatasetReport,
     ProgressCallback,
@@ -222,7 +223,9 @@ def register_zip(
 
 
 def normalize_dataset_url(text: str) -> str:
-    """`URLs.NAME` for a fastai dataset name, or the http(s) URL of an archive."""
+    """`URLs.NAME` for a fastai dataset name, or the http(s) URL of an archive on a public
+    address or an allowed mirror (`datasets.urls.check_url`; the worker checks again, after
+    resolving the name, when it downloads)."""
     text = (text or "").strip()
     match = FASTAI_URL_NAME.match(text)
     if match:
@@ -230,22 +233,24 @@ def normalize_dataset_url(text: str) -> str:
     parsed = urlparse(text)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise DatasetError(
-            f"{text!r} is neither a fastai dataset name (such as URLs.PETS) nor an http(s) URL"
+            f"{shown_url(text)!r} is neither a fastai dataset name (such as URLs.PETS) nor an "
+            "http(s) URL"
         )
     archive_name = parsed.path.rsplit("/", 1)[-1].lower()
     if not archive_name.endswith(ARCHIVE_SUFFIXES):
         raise DatasetError(
-            f"{text} does not name an archive; expected a file ending in "
+            f"{shown_url(text)} does not name an archive; expected a file ending in "
             + ", ".join(ARCHIVE_SUFFIXES)
         )
+    check_url(text)
     return text
 
 
 def register_url(
     engine: Engine, name: str, url: str, label_regex: str | None = None
 ) -> Registration:
-    """Register an archive the worker fetches with fastai's `untar_data` before its first
-    job. Its layout is checked then (`record_fetched`), since only the worker downloads."""
+    """Register an archive the worker fetches (`datasets.download`) before its first job.
+    Its layout is checked then (`record_fetched`), since only the worker downloads."""
     name = validate_dataset_name(name)
     url = normalize_dataset_url(url)
     rule: dict[str, Any] = {"type": "auto"}

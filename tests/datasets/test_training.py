@@ -3,8 +3,9 @@ runs tiny jobs (resnet18 from scratch, 1 epoch, 16-pixel images) that between th
 every layout (folder per class, train/valid folders, Pets file names, CSV) and every kind
 (folder, upload, url), plus a `url` job on a worker that cannot reach the URL.
 
-The image sets are written here; the archives come from a server on 127.0.0.1. One worker
-process runs every job, so the suite pays for its start once.
+The image sets are written here; the archives come from a server on 127.0.0.1, allowed as an
+internal mirror (TRAINDECK_URL_ALLOW). One worker process runs every job, so the suite pays for
+its start once.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRAINDECK_DATA", str(data_dir))
         patch.setenv("DATABASE_URL", url)
+        # The archive server is on 127.0.0.1, as an internal mirror would be on its network.
+        patch.setenv("TRAINDECK_URL_ALLOW", "127.0.0.1")
         engine = create_db_engine(url)
         upgrade(engine)
         layouts = _register_layouts(engine, data_dir, base, server)
