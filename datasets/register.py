@@ -39,6 +39,7 @@ from datasets.validation import (
 from db.datasets import (
     DatasetExists,
     active_jobs_using,
+    archive_in_use,
     get_dataset,
     remove_dataset,
     save_dataset,
@@ -300,6 +301,14 @@ def unregister_dataset(engine: Engine, name: str, *, force: bool = False) -> lis
     if owned is not None and owned.exists():
         shutil.rmtree(owned, ignore_errors=True)
         deleted.append(str(owned))
+    if dataset.archive_url and not archive_in_use(engine, dataset.archive_sha256):
+        try:
+            store.delete(dataset.archive_url)
+        except store.StoreError as exc:
+            raise DatasetError(
+                f"dataset {name!r} is unregistered, but its archive stays in the store: {exc}"
+            ) from None
+        deleted.append(dataset.archive_url)
     return deleted
 
 

@@ -126,3 +126,13 @@ def active_jobs_using(engine: Engine, name: str) -> list[int]:
 def remove_dataset(engine: Engine, name: str) -> bool:
     with write_tx(engine) as connection:
         return connection.execute(delete(Dataset).where(Dataset.name == name)).rowcount == 1
+
+
+def archive_in_use(engine: Engine, sha256: str) -> bool:
+    """Whether a registered dataset still names the archive with this SHA-256 (archives are
+    named by their content, so two datasets with the same files share one)."""
+    with read_tx(engine) as connection:
+        found = connection.execute(
+            select(Dataset.name).where(Dataset.archive_sha256 == sha256).limit(1)
+        )
+        return found.first() is not None
