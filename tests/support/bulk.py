@@ -63,6 +63,8 @@ def insert_jobs(
 
 def insert_points(engine: Engine, job_id: int, name: str, count: int, first_step: int = 0) -> None:
     """`count` points of metric `name` for a job, at steps first_step …"""
+    if count <= 0:
+        return
     statement = text(
         "INSERT INTO metrics (job_id, name, step, epoch, value, wall_time)"
         " SELECT :job_id, CAST(:name AS TEXT), :first + i - 1, (:first + i - 1) / 1000, 1.0 / i, i"
