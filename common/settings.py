@@ -44,6 +44,7 @@ _HOST_NAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_.])?$")
 MEGABYTES = "a whole number of megabytes, at least 1"
 MEGAPIXELS = "a whole number of megapixels, at least 1"
 STORE_URL_FORMS = "gs://BUCKET or gs://BUCKET/PREFIX (unset: a folder under the data folder)"
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class SettingsError(ValueError):
@@ -120,6 +121,14 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = _setting(
         60.0, "TRAINDECK_HEARTBEAT_TIMEOUT", SECONDS, gt=0, le=MAX_SECONDS, allow_inf_nan=False
     )
+    checkpoint_interval_s: float = _setting(
+        60.0,
+        "TRAINDECK_CHECKPOINT_INTERVAL",
+        "a number of seconds, 0 (every epoch) or more (at most 86400, a day)",
+        ge=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+    )
 
     # The dashboard.
     port: int = _setting(8501, "TRAINDECK_PORT", "a port number from 1 to 65535", ge=1, le=65535)
@@ -146,6 +155,20 @@ class Settings(BaseSettings):
         frozenset(),
         "TRAINDECK_ALLOWED_USERS",
         "e-mail addresses and @domains, separated by commas or spaces",
+    )
+    # Where people open the dashboard (behind a reverse proxy, its address there): its host
+    # name is answered in the open loopback mode too, and https makes the cookies Secure.
+    public_url: str | None = _setting(
+        None,
+        "TRAINDECK_PUBLIC_URL",
+        "the http:// or https:// address people open the dashboard at, e.g. "
+        "https://traindeck.example.com",
+    )
+    # Reverse proxies whose X-Forwarded-For and X-Forwarded-Proto are believed; nobody else's.
+    trusted_proxies: Annotated[tuple[IPNetwork, ...], NoDecode] = _setting(
+        (),
+        "TRAINDECK_TRUSTED_PROXIES",
+        "IP addresses or networks (10.0.0.0/8) of reverse proxies, separated by commas or spaces",
     )
 
     @model_validator(mode="before")
@@ -195,6 +218,46 @@ class Settings(BaseSettings):
             raise ValueError("not e-mail addresses and @domains")
         return frozenset(entries)
 
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            parts = urlsplit(value)
+            host = parts.hostname
+            parts.port  # noqa: B018 (a port that is no number raises here)
+        except ValueError:
+            raise ValueError("not an http(s) address") from None
+        if parts.scheme.lower() not in ("http", "https") or not host or parts.username:
+            raise ValueError("not an http(s) address")
+        return value
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _split_networks(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return tuple(
+                ipaddress.ip_network(entry, strict=False)
+                for entry in value.replace(",", " ").split()
+            )
+        except ValueError:
+            raise ValueError("not IP addresses or networks") from None
+
+    @property
+    def public_host(self) -> str | None:
+        """The host name in TRAINDECK_PUBLIC_URL, lower case; None when it is unset."""
+        if self.public_url is None:
+            return None
+        return (urlsplit(self.public_url).hostname or "").lower().rstrip(".") or None
+
+    @property
+    def public_https(self) -> bool:
+        """Whether people reach the dashboard over https (TRAINDECK_PUBLIC_URL says so)."""
+        return self.public_url is not None and urlsplit(self.public_url).scheme.lower() == "https"
+
     @field_validator("store")
     @classmethod
     def _store_url(cls, value: str | None) -> str | None:
@@ -224,7 +287,8 @@ def is_bucket_url(text: str) -> bool:
 VARIABLES: dict[str, str] = {
     str(field.validation_alias): name for name, field in Settings.model_fields.items()
 }
-SECRETS = frozenset({"DATABASE_URL", "TRAINDECK_PASSWORD_HASH"})
+# Shown with a URL's password masked (TRAINDECK_PUBLIC_URL refuses one, but may be given one).
+SECRETS = frozenset({"DATABASE_URL", "TRAINDECK_PASSWORD_HASH", "TRAINDECK_PUBLIC_URL"})
 
 
 def shown_value(variable: str, value: str) -> str:

@@ -3,6 +3,13 @@
 Streamlit reads `.streamlit/config.toml` only from the current folder, so the dashboard's own
 settings (`dashboard/streamlit.toml`) are passed as flags instead; a `STREAMLIT_*` environment
 variable set for one of them wins, as it would over a config file.
+
+Two more for the sign-in's sake (`dashboard.auth`):
+- uvicorn, which serves Streamlit, believes X-Forwarded-For and X-Forwarded-Proto from
+  127.0.0.1 and ::1 unless told otherwise: any process on the machine could then pose as any
+  address. FORWARDED_ALLOW_IPS is set to TRAINDECK_TRUSTED_PROXIES (empty: nobody).
+- Where the dashboard runs open (loopback, no sign-in), Streamlit's own `server.allowedHosts`
+  lists the names it answers at, so that its websocket too refuses a rebinding page's Host.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from common.entry import run_main
-from common.settings import settings
+from common.settings import Settings, settings
 
 HERE = Path(__file__).resolve().parent
 SETTINGS_FILE = HERE / "streamlit.toml"
@@ -44,6 +51,25 @@ def settings_flags(
     return flags
 
 
+def forwarded_allow_ips(current: Settings) -> str:
+    """uvicorn's FORWARDED_ALLOW_IPS: the trusted proxies, or none (an empty list)."""
+    return ",".join(str(network) for network in current.trusted_proxies)
+
+
+def allowed_hosts_flags(address: str, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """`--server.allowedHosts` flags for the open loopback mode; none where sign-in is on
+    (people may then use any name for the machine) or STREAMLIT_SERVER_ALLOWED_HOSTS is set."""
+    from dashboard.auth import answered_names, policy
+
+    if environment_name("server", "allowedHosts") in environ:
+        return []
+    current = policy(address, use_config=False)
+    if current.required:
+        return []
+    names = answered_names(address, current.public_host)
+    return [f"--server.allowedHosts={name}" for name in names]
+
+
 def streamlit_argv(argv: list[str] | None = None) -> list[str]:
     parser = argparse.ArgumentParser(
         prog="python -m dashboard", description=__doc__.splitlines()[0]
@@ -59,6 +85,7 @@ def streamlit_argv(argv: list[str] | None = None) -> list[str]:
         *settings_flags(),
         f"--server.port={args.port}",
         f"--server.address={args.address}",
+        *allowed_hosts_flags(args.address),
     ]
 
 
@@ -66,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     from streamlit.web import cli
 
     sys.argv = streamlit_argv(argv)
+    os.environ["FORWARDED_ALLOW_IPS"] = forwarded_allow_ips(settings())
     cli.main()
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from streamlit import config
 from streamlit.auth_util import get_secrets_auth_section
 
-from common.settings import SettingsError, settings
+from common.settings import IPNetwork, SettingsError, settings
 from dashboard.auth.passwords import PasswordHash, PasswordHashError, parse_password_hash
 
 PASSWORD_HASH_ENV = "TRAINDECK_PASSWORD_HASH"
@@ -58,6 +58,10 @@ class Policy:
     by_address_only: bool = False
     # Why nobody can sign in, when sign-in is required but cannot work.
     problem: str | None = None
+    # TRAINDECK_PUBLIC_URL's host name and whether it is https; TRAINDECK_TRUSTED_PROXIES.
+    public_host: str | None = None
+    public_https: bool = False
+    trusted_proxies: tuple[IPNetwork, ...] = ()
 
     @property
     def configured(self) -> bool:
@@ -149,6 +153,9 @@ def policy(address: str | None = None, *, use_config: bool = True) -> Policy:
         oidc_providers=providers,
         by_address_only=required and not asked_for,
         problem="; ".join(problems) or None,
+        public_host=current.public_host,
+        public_https=current.public_https,
+        trusted_proxies=current.trusted_proxies,
     )
 
 

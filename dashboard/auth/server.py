@@ -20,16 +20,21 @@ from streamlit.auth_util import encode_provider_token
 from streamlit.web.server.starlette.starlette_server_config import USER_COOKIE_NAME
 
 from dashboard.auth.access import ALLOWED_USERS_ENV, Policy, policy
+from dashboard.auth.clients import client_address, host_answered, over_https
 from dashboard.auth.passwords import MAX_PASSWORD_LENGTH
 from dashboard.auth.ratelimit import AttemptLimiter, limiter, too_many_attempts_message
 from dashboard.auth.sessions import (
+    DEVICE_COOKIE,
+    DEVICE_COOKIE_S,
     SESSION_COOKIE,
     _close_sessions,
     _oidc_user,
     _password_session,
     _session_lifetime_s,
     _signed_out,
+    device_from_cookies,
     identity_from_cookies,
+    new_device_cookie,
     new_session_cookie,
 )
 
@@ -108,14 +113,6 @@ def signin_page(current: Policy, next_path: str, message: str | None = None) -> 
     return _page("".join(parts))
 
 
-def _client_address(connection: HTTPConnection) -> str:
-    return connection.client.host if connection.client else "unknown"
-
-
-def _cookie_secure(request: Request) -> bool:
-    return request.url.scheme == "https"
-
-
 async def _read_form(request: Request) -> dict[str, str] | None:
     """The url-encoded form fields, or None for a body too large to be a sign-in."""
     body = b""
@@ -144,7 +141,7 @@ class SignInRoutes:
             return RedirectResponse(next_path, status_code=303)
         if current.problem:
             return HTMLResponse(signin_page(current, next_path), status_code=503)
-        if request.method == "GET":
+        if request.method != "POST":  # GET, or HEAD (which Starlette answers for a GET route)
             if identity_from_cookies(request.cookies, current):
                 return RedirectResponse(next_path, status_code=303)
             refused = _oidc_user(request.cookies) if current.oidc_providers else None
@@ -168,22 +165,28 @@ class SignInRoutes:
                 signin_page(current, next_path, "This dashboard has no password sign-in."),
                 status_code=400,
             )
-        client = _client_address(request)
-        wait_s, whose = self.limiter.wait_s(client)
+        password = form.get("password", "")
+        if not password:  # no guess at all: nothing to check, nothing counted
+            return HTMLResponse(
+                signin_page(current, next_path, "Enter the password."), status_code=400
+            )
+        client = client_address(request, current.trusted_proxies)
+        device = device_from_cookies(request.cookies, current.password)
+        wait_s, whose = self.limiter.wait_s(client, device)
         if wait_s > 0:
             return HTMLResponse(
                 signin_page(current, next_path, too_many_attempts_message(wait_s, whose)),
                 status_code=429,
                 headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
             )
-        password = form.get("password", "")
-        ok = 0 < len(password) <= MAX_PASSWORD_LENGTH and await run_in_threadpool(
+        ok = len(password) <= MAX_PASSWORD_LENGTH and await run_in_threadpool(
             current.password.matches, password
         )
         if not ok:
-            self.limiter.failed(client)
+            self.limiter.failed(client, device)
             return HTMLResponse(signin_page(current, next_path, "Wrong password."), status_code=401)
-        self.limiter.succeeded(client)
+        self.limiter.succeeded(client, [device])
+        secure = over_https(request, current.trusted_proxies, current.public_https)
         response = RedirectResponse(next_path, status_code=303)
         response.set_cookie(
             SESSION_COOKIE,
@@ -192,7 +195,17 @@ class SignInRoutes:
             path="/",
             httponly=True,
             samesite="lax",
-            secure=_cookie_secure(request),
+            secure=secure,
+        )
+        device_cookie, _ = new_device_cookie(current.password, device)
+        response.set_cookie(
+            DEVICE_COOKIE,
+            device_cookie,
+            max_age=DEVICE_COOKIE_S,
+            path=SIGNIN_PATH,
+            httponly=True,
+            samesite="strict",
+            secure=secure,
         )
         return response
 
@@ -241,7 +254,17 @@ class SignInGate:
             await self.app(scope, receive, send)
             return
         current = self.policy
-        if not current.required or scope["path"] in PUBLIC_PATHS:
+        if not current.required:
+            # Open to anyone who can reach it: that must be this machine, by a loopback name.
+            connection = HTTPConnection(scope)
+            if not host_answered(
+                connection.headers.get("host"), current.address, current.public_host
+            ):
+                await self._refuse_host(connection, scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        if scope["path"] in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
 
@@ -254,6 +277,22 @@ class SignInGate:
             await send({"type": "websocket.close", "code": 1008})
             return
         await self._refuse(connection, current)(scope, receive, send)
+
+    @staticmethod
+    async def _refuse_host(
+        connection: HTTPConnection, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """403 for a Host the open mode does not answer (a DNS-rebinding page's own name)."""
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        response = PlainTextResponse(
+            "This dashboard runs without a sign-in and answers only at localhost: open it at "
+            "http://localhost:PORT (or set TRAINDECK_PUBLIC_URL to the address you use).",
+            status_code=403,
+            headers={"Cache-Control": "no-store"},
+        )
+        await response(scope, receive, send)
 
     @staticmethod
     def _refuse(connection: HTTPConnection, current: Policy) -> Response:

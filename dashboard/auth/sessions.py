@@ -31,6 +31,11 @@ from dashboard.auth.passwords import PasswordHash
 
 SESSION_HOURS_ENV = "TRAINDECK_SESSION_HOURS"
 SESSION_COOKIE = "traindeck_session"
+# A browser that has signed in with the password keeps this one (signed, a year) after it
+# signs out: other people's failed guesses never slow its sign-in (`ratelimit`).
+DEVICE_COOKIE = "traindeck_device"
+DEVICE_COOKIE_S = 365 * 24 * 3600
+_DEVICE_SALT = "traindeck-device"
 DEFAULT_SESSION_HOURS: float = Settings.model_fields["session_hours"].default
 _SESSION_SALT = "traindeck-session"
 
@@ -102,6 +107,30 @@ def _close_sessions(identity: str) -> None:
 def new_session_cookie(password: PasswordHash) -> str:
     """The value of the session cookie for one password sign-in."""
     return _serializer().dumps({"sid": secrets.token_urlsafe(16), "key": password.fingerprint})
+
+
+def new_device_cookie(password: PasswordHash, device: str | None = None) -> tuple[str, str]:
+    """(the device cookie's value, its device id) for a browser that just signed in: a new id,
+    or the one it had."""
+    device = device or secrets.token_urlsafe(16)
+    serializer = URLSafeTimedSerializer(_cookie_secret(), salt=_DEVICE_SALT)
+    return serializer.dumps({"device": device, "key": password.fingerprint}), device
+
+
+def device_from_cookies(cookies: Mapping[str, str], password: PasswordHash | None) -> str | None:
+    """The device id of a valid device cookie made under this password, else None."""
+    value = cookies.get(DEVICE_COOKIE)
+    if not value or password is None:
+        return None
+    serializer = URLSafeTimedSerializer(_cookie_secret(), salt=_DEVICE_SALT)
+    try:
+        payload = serializer.loads(value, max_age=DEVICE_COOKIE_S)
+    except (BadSignature, ValueError, TypeError):
+        return None
+    if not isinstance(payload, dict) or payload.get("key") != password.fingerprint:
+        return None
+    device = payload.get("device")
+    return device if isinstance(device, str) and device else None
 
 
 def _password_session(value: str | None, password: PasswordHash | None) -> str | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.requests import HTTPConnection
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.testclient import TestClient
@@ -30,6 +31,7 @@ from streamlit.web.server.starlette.starlette_app_utils import create_signed_val
 from streamlit.web.server.starlette.starlette_server_config import USER_COOKIE_NAME
 
 from dashboard import auth, downloads
+from tests.support.markdown import shown
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "dashboard" / "app.py")
@@ -197,27 +199,58 @@ class FakeClock:
         return self.now
 
 
-def test_failed_attempts_are_limited_per_client_and_overall():
+def test_failures_back_off_exponentially_per_client():
     clock = FakeClock()
-    limiter = auth.AttemptLimiter(per_client=3, overall=5, window_s=60, clock=clock)
-    for _ in range(3):
+    limiter = auth.AttemptLimiter(clock=clock)
+    for _ in range(auth.PER_CLIENT.free):
         assert limiter.wait_s("10.0.0.1") == (0.0, "")
         limiter.failed("10.0.0.1")
-    wait, whose = limiter.wait_s("10.0.0.1")
-    assert (round(wait), whose) == (60, "client")
+    # Five typing mistakes are free; then 30 s, 1 min, 2 min, ... at most 15 min.
+    waits = []
+    for _ in range(8):
+        wait, whose = limiter.wait_s("10.0.0.1")
+        assert whose == "client"
+        waits.append(round(wait))
+        clock.now += wait
+        assert limiter.wait_s("10.0.0.1") == (0.0, "")
+        limiter.failed("10.0.0.1")
+    assert waits == [30, 60, 120, 240, 480, 900, 900, 900]
     assert limiter.wait_s("10.0.0.2") == (0.0, "")  # another client is not held up
 
-    clock.now += 30
-    limiter.failed("10.0.0.2")
-    limiter.failed("10.0.0.3")  # five failures in the window, from three clients
-    wait, whose = limiter.wait_s("10.0.0.9")
-    assert (round(wait), whose) == (30, "overall")
-    assert "paused for everyone" in auth.too_many_attempts_message(wait, whose)
-
-    clock.now += 31  # the first three fall out of the window
+    limiter.succeeded("10.0.0.1")  # the right password clears its address
     assert limiter.wait_s("10.0.0.1") == (0.0, "")
-    limiter.succeeded("10.0.0.2")
-    assert limiter.wait_s("10.0.0.2") == (0.0, "")
+    for _ in range(auth.PER_CLIENT.free + 1):
+        limiter.failed("10.0.0.3")
+    clock.now += 3600  # an hour after its last failure an address starts afresh
+    assert limiter.wait_s("10.0.0.3") == (0.0, "")
+
+
+def test_no_amount_of_failures_elsewhere_pauses_a_browser_that_signed_in_before():
+    clock = FakeClock()
+    limiter = auth.AttemptLimiter(clock=clock)
+    # The tester's pause: 30 failures from as many addresses. The account is far from its limit.
+    for n in range(30):
+        limiter.failed(f"127.0.0.{n + 2}")
+    assert limiter.wait_s("127.0.0.200") == (0.0, "")
+
+    # Guessing spread over hundreds of addresses slows down the guessing of the password ...
+    for n in range(200):
+        limiter.failed(f"10.1.{n // 250}.{n % 250}")
+    wait, whose = limiter.wait_s("192.0.2.7")
+    assert whose == "account" and wait > 0
+    assert "a browser that has signed in here before can sign in now" in (
+        auth.too_many_attempts_message(wait, whose)
+    )
+    # ... but never a browser that shows its device cookie, from any address.
+    assert limiter.wait_s("192.0.2.7", device="alice-laptop") == (0.0, "")
+    assert limiter.wait_s("10.1.0.1", device="alice-laptop") == (0.0, "")
+    # Its own mistakes count against it alone.
+    for _ in range(auth.PER_CLIENT.free):
+        limiter.failed("192.0.2.7", device="alice-laptop")
+    wait, whose = limiter.wait_s("192.0.2.7", device="alice-laptop")
+    assert (round(wait), whose) == (30, "device")
+    assert "from this browser" in auth.too_many_attempts_message(wait, whose)
+    assert limiter.wait_s("192.0.2.7", device="bob-desktop") == (0.0, "")
 
 
 # --- the HTTP side: the gate, the sign-in page, downloads --------------------------------------
@@ -327,14 +360,14 @@ def test_forged_and_foreign_cookies_are_refused(client: TestClient):
 
 
 def test_sign_in_attempts_are_rate_limited_with_a_message(password_policy: auth.Policy):
-    limiter = auth.AttemptLimiter(per_client=3, overall=100, window_s=60)
+    limiter = auth.AttemptLimiter(per_client=auth.Backoff(free=3, first_wait_s=30, max_wait_s=60))
     with TestClient(_app(password_policy, limiter), follow_redirects=False) as client:
         for _ in range(3):
             assert _sign_in(client, "guess").status_code == 401
-        refused = _sign_in(client)  # even the right password waits out the lock
+        refused = _sign_in(client)  # even the right password waits out the back-off
         assert refused.status_code == 429
         assert "Too many failed sign-ins from your address" in refused.text
-        assert 1 <= int(refused.headers["retry-after"]) <= 60
+        assert 1 <= int(refused.headers["retry-after"]) <= 30
         assert auth.SESSION_COOKIE not in client.cookies
 
 
@@ -363,11 +396,204 @@ def test_a_misconfigured_dashboard_refuses_everyone_and_says_why():
 
 def test_on_loopback_with_nothing_configured_everything_is_open():
     current = auth.policy("127.0.0.1", use_config=False)
-    with TestClient(_app(current), follow_redirects=False) as client:
+    with TestClient(
+        _app(current), base_url="http://localhost:8501", follow_redirects=False
+    ) as client:
         assert client.get("/jobs", headers=HTML).text == "the jobs page"
-        with client.websocket_connect("/_stcore/stream") as ws:
+        with client.websocket_connect("ws://localhost:8501/_stcore/stream") as ws:
             assert ws.receive_text() == "session started"
         assert client.get("/signin?next=/jobs").headers["location"] == "/jobs"
+
+
+# --- issue 23: DNS rebinding, who may pause a sign-in, proxies, Secure cookies ----------------
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["rebind.evil.example:8501", "rebind.evil.example", "192.0.2.9:8501", "localhost.evil.example"],
+)
+def test_open_on_loopback_a_rebinding_host_is_refused_on_http_and_websocket(host: str):
+    current = auth.policy("127.0.0.1", use_config=False)
+    assert not current.required
+    with TestClient(_app(current), base_url=f"http://{host}", follow_redirects=False) as client:
+        for path in ("/", "/jobs", "/signin", "/_stcore/health", "/downloads/x"):
+            refused = client.get(path, headers=HTML)
+            assert refused.status_code == 403, path
+            assert "answers only at localhost" in refused.text
+        origin = {"origin": f"http://{host}"}
+        with (
+            pytest.raises(WebSocketDisconnect),
+            client.websocket_connect(f"ws://{host}/_stcore/stream", headers=origin) as ws,
+        ):
+            ws.receive_text()
+
+
+@pytest.mark.parametrize(
+    "host", ["localhost:8501", "LOCALHOST", "127.0.0.1:8501", "127.0.0.2", "[::1]:8501"]
+)
+def test_open_on_loopback_loopback_names_are_answered(host: str):
+    current = auth.policy("127.0.0.1", use_config=False)
+    with TestClient(_app(current), base_url=f"http://{host}", follow_redirects=False) as client:
+        assert client.get("/jobs", headers=HTML).text == "the jobs page"
+        with client.websocket_connect(f"ws://{host}/_stcore/stream") as ws:
+            assert ws.receive_text() == "session started"
+
+
+def test_open_on_loopback_the_public_name_is_answered_too(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TRAINDECK_PUBLIC_URL", "https://Traindeck.Example.com/")
+    current = auth.policy("127.0.0.1", use_config=False)
+    assert not current.required and current.public_host == "traindeck.example.com"
+    app = _app(current)
+    with TestClient(app, base_url="https://traindeck.example.com") as client:
+        assert client.get("/jobs").text == "the jobs page"
+    with TestClient(app, base_url="http://other.example.com") as client:
+        assert client.get("/jobs").status_code == 403
+    for refused in (None, "", "a b", "user@localhost", "localhost:port"):
+        assert not auth.host_answered(refused, "127.0.0.1", None)
+
+
+def test_python_m_dashboard_tells_streamlit_and_uvicorn_whom_to_believe(
+    monkeypatch: pytest.MonkeyPatch, password_hash: str
+):
+    from common.settings import settings
+    from dashboard.__main__ import forwarded_allow_ips, streamlit_argv
+
+    # Open on loopback: Streamlit's websocket, too, answers only the loopback names.
+    flags = [flag for flag in streamlit_argv([]) if flag.startswith("--server.allowedHosts=")]
+    assert flags == [f"--server.allowedHosts={name}" for name in ("localhost", "127.0.0.1", "::1")]
+    monkeypatch.setenv("TRAINDECK_PUBLIC_URL", "https://traindeck.example.com")
+    assert "--server.allowedHosts=traindeck.example.com" in streamlit_argv([])
+    # With a sign-in, people may use any name for the machine.
+    assert not any("allowedHosts" in flag for flag in streamlit_argv(["--address", "0.0.0.0"]))
+    monkeypatch.setenv(auth.PASSWORD_HASH_ENV, password_hash)
+    assert not any("allowedHosts" in flag for flag in streamlit_argv([]))
+
+    # uvicorn believes forwarded headers from the trusted proxies only: none by default (its
+    # own default is 127.0.0.1 and ::1, any process on the machine).
+    assert forwarded_allow_ips(settings()) == ""
+    monkeypatch.setenv("TRAINDECK_TRUSTED_PROXIES", "127.0.0.1 10.8.0.0/16")
+    assert forwarded_allow_ips(settings()) == "127.0.0.1/32,10.8.0.0/16"
+
+
+def _client_at(app: Starlette, address: str, **kwargs) -> TestClient:
+    return TestClient(app, client=(address, 50000), follow_redirects=False, **kwargs)
+
+
+def test_head_and_passwordless_posts_are_not_attempts(password_policy: auth.Policy):
+    app = _app(password_policy, auth.AttemptLimiter())
+    # The tester's pause: 30 bodiless requests from each of many other loopback addresses.
+    for n in range(30):
+        with _client_at(app, f"127.0.0.{n + 2}") as other:
+            assert other.head("/signin").status_code == 200
+            assert other.post("/signin").status_code == 400
+            assert other.post("/signin", data={"password": ""}).status_code == 400
+    with _client_at(app, "127.0.0.200") as user:
+        assert _sign_in(user).status_code == 303
+    # And from one address: as many as it likes, then its own right password.
+    with _client_at(app, "127.0.0.9") as same:
+        for _ in range(50):
+            assert same.head("/signin").status_code == 200
+            assert same.post("/signin", data={"next": "/jobs"}).status_code == 400
+        assert _sign_in(same).status_code == 303
+
+
+def test_failures_from_other_clients_cannot_pause_a_users_sign_in(password_policy: auth.Policy):
+    # A small account limit, so that the test reaches it with few (slow, scrypt) checks.
+    limiter = auth.AttemptLimiter(per_account=auth.Backoff(free=8, first_wait_s=30, max_wait_s=60))
+    app = _app(password_policy, limiter)
+    with _client_at(app, "192.0.2.10") as alice:  # alice's browser signed in once before
+        assert _sign_in(alice).status_code == 303
+        assert auth.DEVICE_COOKIE in alice.cookies
+        alice.get("/signout")
+        assert auth.DEVICE_COOKIE in alice.cookies  # kept after signing out
+
+        for n in range(8):  # wrong guesses from eight other addresses
+            with _client_at(app, f"198.51.100.{n + 1}") as other:
+                assert _sign_in(other, "guess").status_code == 401
+        # The account's back-off now holds browsers that have never signed in here ...
+        with _client_at(app, "192.0.2.11") as newcomer:
+            refused = _sign_in(newcomer)
+            assert refused.status_code == 429
+            assert "a browser that has signed in here before can sign in now" in refused.text
+        # ... but not alice, from her usual address or any other.
+        assert _sign_in(alice).status_code == 303
+        device = alice.cookies[auth.DEVICE_COOKIE]
+    with _client_at(app, "198.51.100.1", cookies={auth.DEVICE_COOKIE: device}) as moved:
+        assert _sign_in(moved).status_code == 303
+    # A device cookie from another password (or forged) is no pass.
+    other = auth.parse_password_hash(auth.hash_password("another password"))
+    forged, _ = auth.new_device_cookie(other)
+    assert auth.device_from_cookies({auth.DEVICE_COOKIE: forged}, password_policy.password) is None
+    assert auth.device_from_cookies({auth.DEVICE_COOKIE: "x"}, password_policy.password) is None
+    with _client_at(app, "192.0.2.13", cookies={auth.DEVICE_COOKIE: forged}) as pretender:
+        assert _sign_in(pretender).status_code == 429
+
+
+def test_x_forwarded_for_is_believed_only_from_a_trusted_proxy(
+    password_hash: str, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv(auth.PASSWORD_HASH_ENV, password_hash)
+    monkeypatch.setenv("TRAINDECK_TRUSTED_PROXIES", "10.9.9.9, 10.8.0.0/16")
+    current = auth.policy("0.0.0.0", use_config=False)
+    assert [str(net) for net in current.trusted_proxies] == ["10.9.9.9/32", "10.8.0.0/16"]
+    limiter = auth.AttemptLimiter(per_client=auth.Backoff(free=3, first_wait_s=30, max_wait_s=60))
+    app = _app(current, limiter)
+
+    # From a client that is no trusted proxy, X-Forwarded-For changes nothing: one address.
+    with _client_at(app, "203.0.113.5") as direct:
+        for n in range(3):
+            forged = {"x-forwarded-for": f"198.51.100.{n}"}
+            assert direct.post("/signin", data={"password": "x"}, headers=forged).status_code == 401
+        forged = {"x-forwarded-for": "198.51.100.77"}
+        assert direct.post("/signin", data={"password": "y"}, headers=forged).status_code == 429
+
+    # Through the trusted proxy, each forwarded client is its own (the proxy appends the
+    # address it saw; what the client itself put in front of it is not believed).
+    with _client_at(app, "10.9.9.9") as proxy:
+        for n in range(6):
+            forwarded = {"x-forwarded-for": f"6.6.6.6, 198.51.100.{n}"}
+            response = proxy.post("/signin", data={"password": "x"}, headers=forwarded)
+            assert response.status_code == 401
+        same = {"x-forwarded-for": "198.51.100.1"}  # its second, third, then fourth try
+        for expected in (401, 401, 429):
+            response = proxy.post("/signin", data={"password": "x"}, headers=same)
+            assert response.status_code == expected
+        other = {"x-forwarded-for": "198.51.100.50"}
+        assert proxy.post("/signin", data={"password": PASSWORD}, headers=other).status_code == 303
+
+    # Two proxies in a row: the right-most address that is not a trusted proxy is the client.
+    scope = {"type": "http", "client": ("10.9.9.9", 1), "path": "/", "query_string": b"",
+             "headers": [(b"x-forwarded-for", b"6.6.6.6, 198.51.100.3, 10.8.1.2")]}  # fmt: skip
+    assert auth.client_address(HTTPConnection(scope), current.trusted_proxies) == "198.51.100.3"
+    scope["client"] = ("203.0.113.5", 1)
+    assert auth.client_address(HTTPConnection(scope), current.trusted_proxies) == "203.0.113.5"
+
+
+def test_the_session_cookie_is_secure_behind_a_trusted_https_proxy(
+    password_hash: str, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv(auth.PASSWORD_HASH_ENV, password_hash)
+    monkeypatch.setenv("TRAINDECK_TRUSTED_PROXIES", "10.9.9.9")
+
+    def cookies_after_sign_in(address: str, headers: dict[str, str]) -> list[str]:
+        current = auth.policy("0.0.0.0", use_config=False)
+        with _client_at(_app(current), address) as client:
+            response = client.post(
+                "/signin", data={"password": PASSWORD, "next": "/"}, headers=headers
+            )
+            assert response.status_code == 303
+            return response.headers.get_list("set-cookie")
+
+    https = {"x-forwarded-proto": "https"}
+    behind_proxy = cookies_after_sign_in("10.9.9.9", https)
+    assert len(behind_proxy) == 2  # the session, and the device cookie
+    assert all("Secure" in cookie and "HttpOnly" in cookie for cookie in behind_proxy)
+    # The same header from anyone else is not believed.
+    assert not any("Secure" in cookie for cookie in cookies_after_sign_in("203.0.113.5", https))
+    assert not any("Secure" in cookie for cookie in cookies_after_sign_in("10.9.9.9", {}))
+    # A public https address makes them Secure whatever the request says.
+    monkeypatch.setenv("TRAINDECK_PUBLIC_URL", "https://traindeck.example.com")
+    assert all("Secure" in cookie for cookie in cookies_after_sign_in("203.0.113.5", {}))
 
 
 def test_a_download_link_works_only_for_the_sign_in_that_got_it(
@@ -502,7 +728,7 @@ def test_the_page_script_shows_nothing_without_a_sign_in(
     monkeypatch.setenv(auth.PASSWORD_HASH_ENV, "scrypt:broken")
     at = _run_app()
     assert len(at.error) == 1
-    assert f"{auth.PASSWORD_HASH_ENV} is not a hash made by" in at.error[0].value
+    assert f"{auth.PASSWORD_HASH_ENV} is not a hash made by" in shown(at.error[0].value)
     assert not at.dataframe and not at.button
 
 
