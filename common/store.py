@@ -137,10 +137,20 @@ def failure(url: str, exc: BaseException, doing: str) -> StoreError:
         return exc
     cause = first_line(exc)
     if isinstance(exc, FileNotFoundError):
-        cause = "no such object or bucket"
-    elif isinstance(exc, PermissionError) or "403" in cause or "401" in cause:
-        cause = f"permission refused ({cause})"
+        # Writing or listing needs no object to exist: only the bucket can be missing.
+        missing = doing in ("write", "reach") and urlparse(url).scheme == "gs"
+        cause = "no such bucket" if missing else "no such object or bucket"
+    elif isinstance(exc, PermissionError) or _refused(cause):
+        # gcsfs says "Forbidden: <request URL>", then Cloud Storage's reason on the next line.
+        reason = [line.strip() for line in str(exc).splitlines()[1:] if line.strip()]
+        cause = f"permission refused ({reason[0] if reason else cause})"
     return StoreError(f"{_bucket_words(url)}: cannot {doing} {url}: {cause}")
+
+
+def _refused(message: str) -> bool:
+    return message.startswith(("Forbidden", "Unauthorized")) or bool(
+        re.search(r"\b40[13]\b", message)
+    )
 
 
 def url_for(key: str) -> str:

@@ -1,5 +1,5 @@
-"""What every page shares: the database engine, and the checks that the settings and the
-database are usable.
+"""What every page shares: the database engine, and the checks that the settings, the
+database and the store are usable.
 
 Other pages get the engine with `from dashboard.state import get_engine`.
 """
@@ -10,7 +10,7 @@ from typing import NoReturn
 
 import streamlit as st
 
-from common import config
+from common import config, store
 from common.errors import first_line
 from common.settings import SettingsError, settings
 from db.engine import DatabaseError, Engine, printable_url
@@ -61,6 +61,7 @@ def require_database() -> Engine:
         reason = first_line(exc)
         st.error(f"Cannot reach the database at {printable_url(url)}: {reason}")
         st.stop()
+    require_store()
     if not migrated:
         st.error(
             f"The database at {printable_url(url)} has no tables yet. "
@@ -68,3 +69,19 @@ def require_database() -> Engine:
         )
         st.stop()
     return engine
+
+
+@st.cache_resource(ttl=600, show_spinner=False)
+def _store_reachable(url: str) -> bool:
+    store.check_reachable()  # a StoreError is not cached: the next page load checks again
+    return True
+
+
+def require_store() -> None:
+    """Stop the page with one line when the store (a bucket) is missing or refused."""
+    try:
+        _store_reachable(store.store_url())
+    except store.StoreError as exc:
+        st.error("traindeck cannot use its store:", icon=":material/error:")
+        st.code(str(exc), language=None, wrap_lines=True)  # a URL is text, not Markdown
+        st.stop()

@@ -26,7 +26,7 @@ from common import store
 from common.errors import first_line
 from db.engine import retry_with_backoff
 from worker import checkpoint
-from worker.failpoints import CHECKPOINT_UPLOADED, failpoint
+from worker.failpoints import CHECKPOINT_UPLOAD_RETRYING, CHECKPOINT_UPLOADED, failpoint
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +110,9 @@ class CheckpointUploader:
             self.report(
                 "warning",
                 f"the checkpoint of epoch {epoch + 1} is not in the store yet: {first_line(exc)}; "
-                f"retrying in {delay:.0f} s (training goes on)",
+                f"retrying in {delay:g} s (training goes on)",
             )
+            failpoint(CHECKPOINT_UPLOAD_RETRYING)
 
         return report
 

@@ -6,8 +6,9 @@ import argparse
 import logging
 import sys
 
-from common import config
+from common import config, store
 from common.cliargs import EXIT_USER_ERROR, Parser, positive_int, positive_seconds
+from common.entry import EXIT_SETTINGS
 from common.settings import SettingsError
 from db.engine import get_engine
 from worker.supervisor import Supervisor, SupervisorOptions, default_worker_id
@@ -83,8 +84,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m worker") -> int:
         )
         config.ensure_data_dir()  # every job's checkpoints and export go there
         engine = get_engine()
+        store.check_reachable()  # a missing or refused bucket: one line naming it, not a job
     except SettingsError:
         raise  # one line and exit 2 from common.entry.run_main, as for every command
+    except store.StoreError as exc:
+        print(f"traindeck: {exc}", file=sys.stderr)
+        return EXIT_SETTINGS
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 ENV_VAR = "TRAINDECK_FAILPOINTS"
 
@@ -30,8 +30,19 @@ VALIDATION_STARTED = "validation.started"
 EXPORT_TMP_WRITTEN = "export.tmp_written"
 # An epoch's checkpoint is whole in the store and the job's pointer names it.
 CHECKPOINT_UPLOADED = "checkpoint.uploaded"
+# An upload of a checkpoint failed and its retry is reported in the job's log (which reaches
+# the database before the process stops, as at every failpoint).
+CHECKPOINT_UPLOAD_RETRYING = "checkpoint.upload_retrying"
 
-NAMES = frozenset({LR_FIND_TMP_SAVED, VALIDATION_STARTED, EXPORT_TMP_WRITTEN, CHECKPOINT_UPLOADED})
+NAMES = frozenset(
+    {
+        LR_FIND_TMP_SAVED,
+        VALIDATION_STARTED,
+        EXPORT_TMP_WRITTEN,
+        CHECKPOINT_UPLOADED,
+        CHECKPOINT_UPLOAD_RETRYING,
+    }
+)
 
 
 def armed_from(environ: Mapping[str, str]) -> dict[str, int]:
@@ -57,11 +68,19 @@ _armed = armed_from(os.environ)
 # Locks held while this process writes to the database (the telemetry writer's): taken before
 # stopping, so the stopped process holds no SQLite write lock that the test would wait on.
 _quiet_first: list[threading.Lock] = []
+# Called before stopping (the telemetry writer's flush), so that what the job reported until
+# the failpoint is in the database while the process is stopped: a test reads it there.
+_flush_first: list[Callable[[], object]] = []
 
 
 def wait_for_before_stopping(lock: threading.Lock) -> None:
     if _armed:
         _quiet_first.append(lock)
+
+
+def flush_before_stopping(flush: Callable[[], object]) -> None:
+    if _armed:
+        _flush_first.append(flush)
 
 
 def any_armed() -> bool:
@@ -77,6 +96,8 @@ def failpoint(name: str) -> None:
     if _armed[name] > 0:
         return
     del _armed[name]
+    for flush in _flush_first:
+        flush()
     for lock in _quiet_first:
         lock.acquire()
     try:

@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_S = 2.0
 MAX_BACKOFF_S = 30.0
+# How long a failpoint waits for what the job reported to reach the database (tests only).
+FAILPOINT_FLUSH_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -47,6 +49,9 @@ class TelemetryWriter:
         # it stops the process, so a stopped job never holds a SQLite write lock.
         self._writing = threading.Lock()
         failpoints.wait_for_before_stopping(self._writing)
+        failpoints.flush_before_stopping(
+            lambda: self._closing or self.flush(timeout_s=FAILPOINT_FLUSH_TIMEOUT_S)
+        )
         self._points: list[MetricPoint] = []
         self._events: list[tuple[str, str]] = []
         self._reports: list[tuple[int, dict[str, Any], str]] = []

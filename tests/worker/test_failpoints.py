@@ -53,6 +53,18 @@ def test_a_failpoint_armed_for_its_second_passage_lets_the_first_pass(monkeypatc
     assert len(stops) == 1, "once only"
 
 
+def test_what_the_job_reported_is_flushed_before_the_process_stops(monkeypatch):
+    """A test reads the job's log in the database while the process is stopped."""
+    happened = []
+    monkeypatch.setattr(failpoints, "_armed", {failpoints.CHECKPOINT_UPLOAD_RETRYING: 1})
+    monkeypatch.setattr(failpoints, "_flush_first", [])
+    monkeypatch.setattr(failpoints, "_quiet_first", [])
+    monkeypatch.setattr(os, "kill", lambda *args: happened.append("stopped"))
+    failpoints.flush_before_stopping(lambda: happened.append("flushed"))
+    failpoints.failpoint(failpoints.CHECKPOINT_UPLOAD_RETRYING)
+    assert happened == ["flushed", "stopped"]
+
+
 def test_an_armed_failpoint_stops_the_process_there_the_first_time_only():
     process = subprocess.Popen(
         [sys.executable, "-c", STOPS_TWICE],
