@@ -28,6 +28,7 @@ from db.engine import dispose_engines, read_tx
 from db.models import Dataset, Job
 from db.spec import MAX_NAME_LENGTH
 from tests.support.images import colour_for, make_folder_dataset, write_image
+from tests.support.markdown import shown
 from traindeck import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -322,7 +323,8 @@ def _queue(at: AppTest) -> AppTest:
 
 
 def _errors(at: AppTest) -> list[str]:
-    return [str(error.value) for error in at.error]
+    """The error messages as a person reads them (outside text in them is escaped)."""
+    return [shown(error.value) for error in at.error]
 
 
 @pytest.mark.usefixtures("_fresh_dashboard_engine")
