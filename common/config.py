@@ -67,3 +67,8 @@ def sqlite_busy_timeout_s() -> float:
 def checkpoint_interval_s() -> float:
     """Seconds between two checkpoint writes of a job (its spec may say otherwise)."""
     return settings().checkpoint_interval_s
+
+
+def xla_read_every() -> int:
+    """Training steps between two reads of the loss from an XLA device."""
+    return settings().xla_read_every

@@ -129,6 +129,14 @@ class Settings(BaseSettings):
         le=MAX_SECONDS,
         allow_inf_nan=False,
     )
+    # On XLA the training loss stays on the device and is read in chunks (worker.device_values).
+    xla_read_every: int = _setting(
+        10,
+        "TRAINDECK_XLA_READ_EVERY",
+        "a whole number of training steps, at least 1 (at most 10000)",
+        ge=1,
+        le=10_000,
+    )
 
     # The dashboard.
     port: int = _setting(8501, "TRAINDECK_PORT", "a port number from 1 to 65535", ge=1, le=65535)

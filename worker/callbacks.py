@@ -3,6 +3,9 @@
 None of them makes the device compute or copy anything the run would not anyway: on XLA a
 `.item()` or `.cpu()` forces a sync, so values are taken where fastai already moved them to
 the host (its smoothed loss, its epoch log) or are plain Python numbers (the learning rate).
+On XLA fastai's per-batch values stay on the device and reach the host in chunks
+(`worker.device_values`): the telemetry and the divergence check take each step's values from
+those chunks, a few steps late, instead of from fastai's Recorder at every batch.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from fastai.callback.core import Callback, CancelFitException
 from fastai.callback.schedule import LRFinder
 
 from db.telemetry import BATCH, EPOCH, MetricPoint
+from worker import device_values
+from worker.device_values import StepValue
 from worker.failpoints import LR_FIND_TMP_SAVED, VALIDATION_STARTED, failpoint
 from worker.reporter import Progress, TelemetryWriter
 
@@ -113,6 +118,14 @@ class TelemetryCallback(TrainedEpochCallback):
         self._run_started = time.perf_counter()
         self._steps_done_in_run = 0
 
+    def before_fit(self) -> None:
+        super().before_fit()
+        # On XLA each step's loss arrives with its chunk (`_add_steps`), after the step.
+        feed = device_values.feed(self.learn) if self.active else None
+        self.deferred = feed is not None
+        if feed is not None:
+            feed.listen(self._add_steps)
+
     def before_epoch(self) -> None:
         super().before_epoch()
         self._epoch_started = time.perf_counter()
@@ -125,7 +138,8 @@ class TelemetryCallback(TrainedEpochCallback):
 
     def after_train(self) -> None:
         self._train_seconds = time.perf_counter() - self._train_started
-        # The epoch's last batches reach the dashboard while validation runs.
+        # The epoch's last batches reach the dashboard while validation runs (on XLA those
+        # read so far; the rest arrive with the validation's values).
         self.writer.add_points(self._points)
         self._points = []
         self.writer.request_flush()
@@ -133,22 +147,30 @@ class TelemetryCallback(TrainedEpochCallback):
     def after_batch(self) -> None:
         if not self.training_batch():
             return
-        recorder = self.learn.recorder
         step = self.clock.global_step(self.epoch, self.iter)
         epoch = self.clock.global_epoch(self.epoch)
-        now = time.time()
-        self._points.append(
-            MetricPoint(
-                BATCH + "train_loss", step, self.raw_loss.raw_loss(recorder.smooth_loss), epoch, now
-            )
-        )
-        self._points.append(MetricPoint(BATCH + "lr", step, float(recorder.lrs[-1]), epoch, now))
+        if not self.deferred:
+            recorder = self.learn.recorder
+            loss = self.raw_loss.raw_loss(recorder.smooth_loss)
+            smooth = float(recorder.losses[-1])
+            lr = float(recorder.lrs[-1])
+            self._add_steps([StepValue(self.epoch, self.iter, loss, smooth, lr, time.time())])
         self._train_items += len(self.yb[0])
         self._steps_done_in_run += 1
+        self.writer.set_progress(self._progress(epoch, step + 1))
+
+    def _add_steps(self, values: list[StepValue]) -> None:
+        """Each step's loss and lr as points, handed to the writer 64 at a time."""
+        for value in values:
+            step = self.clock.global_step(value.epoch, value.iteration)
+            epoch = self.clock.global_epoch(value.epoch)
+            self._points.append(
+                MetricPoint(BATCH + "train_loss", step, value.loss, epoch, value.time)
+            )
+            self._points.append(MetricPoint(BATCH + "lr", step, value.lr, epoch, value.time))
         if len(self._points) >= 64:
             self.writer.add_points(self._points)
             self._points = []
-        self.writer.set_progress(self._progress(epoch, step + 1))
 
     def after_epoch(self) -> None:
         if not self.acting():
@@ -214,9 +236,11 @@ class DivergenceCallback(TrainedEpochCallback):
     Once a weight is NaN every later step is NaN too, so going on only burns the device and
     overwrites a good checkpoint with a broken one. It reads values fastai already holds on
     the host (the smoothed training loss, which stays NaN from the first NaN batch on, and the
-    epoch log), so it costs no device sync. It runs after the telemetry (the curve up to the
-    divergence is kept) and before the epoch's checkpoint, so the last good checkpoint stays.
-    The reason is kept in `diverged` for the caller to fail the job with.
+    epoch log), so it costs no device sync; on XLA the smoothed losses as their chunks arrive
+    (`worker.device_values`), so the fit stops a few steps after the first bad one, and at the
+    latest at the end of its epoch, when every step has been read. It runs after the telemetry
+    (the curve up to the divergence is kept) and before the epoch's checkpoint, so the last
+    good checkpoint stays. The reason is kept in `diverged` for the caller to fail the job with.
     """
 
     order = 85
@@ -225,17 +249,44 @@ class DivergenceCallback(TrainedEpochCallback):
         self.clock = clock
         self.diverged: str | None = None
 
+    def before_fit(self) -> None:
+        super().before_fit()
+        self._bad_step: StepValue | None = None
+        feed = device_values.feed(self.learn) if self.active else None
+        self.deferred = feed is not None
+        if feed is not None:
+            feed.listen(self._watch)
+
+    def _watch(self, values: list[StepValue]) -> None:
+        if self._bad_step is None:
+            self._bad_step = next((v for v in values if not math.isfinite(v.smooth_loss)), None)
+
     def after_batch(self) -> None:
         if not self.training_batch():
+            return
+        if self.deferred:
+            self._stop_if_a_step_went_bad()
             return
         loss = float(self.learn.recorder.smooth_loss.val)
         if not math.isfinite(loss):
             step = self.clock.global_step(self.epoch, self.iter)
             self._stop(f"the training loss became {loss} at step {step + 1}")
 
+    def _stop_if_a_step_went_bad(self) -> None:
+        bad = self._bad_step
+        if bad is not None:
+            step = self.clock.global_step(bad.epoch, bad.iteration)
+            self._stop(
+                f"the training loss became {bad.smooth_loss} at step {step + 1}",
+                self.clock.global_epoch(bad.epoch),
+                bad.lr,
+            )
+
     def after_epoch(self) -> None:
         if not self.acting():
             return
+        if self.deferred:
+            self._stop_if_a_step_went_bad()
         names = self.learn.recorder.metric_names
         for name, value in zip(names[1:], self.learn.recorder.log[1:], strict=False):
             if name not in ("train_loss", "valid_loss") or value is None:
@@ -243,9 +294,11 @@ class DivergenceCallback(TrainedEpochCallback):
             if not math.isfinite(float(value)):
                 self._stop(f"the {name.replace('_', ' ')} became {float(value)}")
 
-    def _stop(self, what: str) -> None:
-        epoch = self.clock.global_epoch(self.epoch)
-        lr = float(self.learn.recorder.lrs[-1]) if self.learn.recorder.lrs else float("nan")
+    def _stop(self, what: str, epoch: int | None = None, lr: float | None = None) -> None:
+        if epoch is None:
+            epoch = self.clock.global_epoch(self.epoch)
+        if lr is None:
+            lr = float(self.learn.recorder.lrs[-1]) if self.learn.recorder.lrs else float("nan")
         kept = f"the checkpoint of epoch {epoch} is kept" if epoch > 0 else "nothing was saved"
         self.diverged = (
             f"training diverged: {what} in epoch {epoch + 1}/{self.clock.total_epochs} "
@@ -259,7 +312,8 @@ class XlaStepCallback(Callback):
     """One `torch_xla.sync()` per batch: cuts the lazy graph so each step compiles once.
 
     It runs before fastai's Recorder (order 50) reads the loss, so the step's whole graph
-    (forward, backward, optimizer update) executes as one computation.
+    (forward, backward, optimizer update) executes as one computation, and right after
+    `DeviceValuesCallback` (order -21) adds the batch's loss and metrics to it.
 
     Before the sync it collects Python's young garbage. fastai's batch transforms leave
     reference cycles behind (the tracebacks of the type-dispatch misses in fasttransform hold

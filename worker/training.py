@@ -22,7 +22,7 @@ from fastai.callback.progress import ProgressCallback
 from fastai.callback.training import GradientAccumulation, GradientClip
 from fastai.learner import Learner, Recorder
 from fastai.metrics import accuracy, error_rate, top_k_accuracy
-from fastai.torch_core import set_seed
+from fastai.torch_core import set_seed, to_device
 from fastai.vision.learner import vision_learner
 
 from common import config, store
@@ -46,6 +46,7 @@ from worker.callbacks import (
 )
 from worker.checkpoint_upload import CheckpointUploader, newest_checkpoint, remove_uploaded
 from worker.data import build_dataloaders, drop_undecodable, load_items
+from worker.device_values import DeviceValuesCallback
 from worker.failpoints import EXPORT_TMP_WRITTEN, any_armed, failpoint
 from worker.outputs import publish
 from worker.prefetch import PrefetchCallback
@@ -238,11 +239,14 @@ def build_learner(
     job_dir: Path,
     parallel: DataParallel | None = None,
     prefetch: bool = True,
+    read_every: int | None = None,
 ) -> Learner:
     """fastai's vision Learner, on the device, with the XLA step rules when it is XLA.
 
     On XLA each batch is loaded and copied ahead in a thread (`prefetch`), split over the SPMD
-    mesh when `parallel` is given; `prefetch=False` leaves fastai's own loading in place."""
+    mesh when `parallel` is given; `prefetch=False` leaves fastai's own loading in place. The
+    loss and metrics stay on the device and are read every `read_every` training steps and at
+    the end of each validation pass (`worker.device_values`; None: TRAINDECK_XLA_READ_EVERY)."""
     metrics: list[Any] = [accuracy, error_rate]
     if dls.c > 5:
         metrics.append(top_k_accuracy)  # k=5 by default
@@ -275,6 +279,7 @@ def build_learner(
         learn.to_fp16()
     if device.type == "xla":
         learn.add_cb(XlaStepCallback())
+        learn.add_cb(DeviceValuesCallback(read_every))
         if prefetch:
             learn.add_cb(PrefetchCallback(spmd.placement(device, parallel)))
         if parallel is not None:
@@ -486,7 +491,7 @@ def find_learning_rate(learn: Learner, ctx: TrainingContext) -> float:
     """fastai's lr_find; the curve and its suggestion are stored as `lr_find/` metrics."""
     log.info("looking for a learning rate (lr_find, %d iterations)", LR_FIND_ITERATIONS)
     try:
-        suggestion = learn.lr_find(num_it=LR_FIND_ITERATIONS, show_plot=False)
+        suggestion = lr_find(learn, LR_FIND_ITERATIONS)
     except Exception:
         if ctx.stop.is_set():
             raise StopRequested() from None
@@ -506,6 +511,32 @@ def find_learning_rate(learn: Learner, ctx: TrainingContext) -> float:
     ctx.writer.add_points(points)
     ctx.writer.add_event("info", f"lr_find suggests lr = {lr:.3g} (valley); training with it")
     return lr
+
+
+def lr_find(learn: Learner, num_it: int = LR_FIND_ITERATIONS) -> Any:
+    """fastai's `lr_find` (no plot), which on XLA also puts the model back as it found it.
+
+    fastai's LRFinder saves the model before it starts and loads it back at the end with
+    `learn.load`, which maps the file to the DataLoaders' device; torch.load cannot map to an
+    XLA device ("don't know how to restore data location … xla:0"). On XLA the file is read on
+    the CPU and copied to the device: the model by `load_state_dict`, the optimizer's state by
+    `to_device`.
+    """
+    device = learn.dls.device
+    if getattr(device, "type", None) != "xla":
+        return learn.lr_find(num_it=num_it, show_plot=False)
+
+    def load_through_the_cpu(file: Any, device_: Any = None, **kwargs: Any) -> Learner:
+        Learner.load(learn, file, device="cpu", **kwargs)
+        if learn.opt is not None:
+            learn.opt.load_state_dict(to_device(learn.opt.state_dict(), device))
+        return learn
+
+    learn.load = load_through_the_cpu
+    try:
+        return learn.lr_find(num_it=num_it, show_plot=False)
+    finally:
+        del learn.load
 
 
 def export_model(learn: Learner, job_dir: Path) -> Path:
