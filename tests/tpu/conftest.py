@@ -50,8 +50,9 @@ def _tpu_environment(fake_api: FakeTpuApi, tmp_path: Path, monkeypatch: pytest.M
     gcloud.mkdir()
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(gcloud))
     monkeypatch.setenv("GCE_METADATA_IP", fake_api.address)
-    # The page creates workers only with a store other machines can read; nothing here
-    # reaches the bucket.
+    # The page creates workers only with a store other machines can read. Nothing here may
+    # reach the bucket: a dashboard started as a process (which checks it at start-up) gets
+    # an environment without it (test_tpu_browser.py).
     monkeypatch.setenv("TRAINDECK_STORE", STORE_URL)
 
 

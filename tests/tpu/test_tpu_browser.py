@@ -31,7 +31,10 @@ pytestmark = [
 
 @pytest.fixture
 def dashboard_url(sqlite_engine, tmp_path: Path) -> Iterator[str]:
-    with running_dashboard("127.0.0.1", dict(os.environ), tmp_path / "streamlit.log") as url:
+    # Without the bucket the TPU tests name (tests/tpu/conftest.py): the dashboard would look
+    # for it at start-up, and it exists nowhere. This test creates no VM.
+    environment = {name: value for name, value in os.environ.items() if name != "TRAINDECK_STORE"}
+    with running_dashboard("127.0.0.1", environment, tmp_path / "streamlit.log") as url:
         yield url
 
 
