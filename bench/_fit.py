@@ -59,12 +59,14 @@ def instrument_like_worker(
     epochs: int,
     xla: bool,
     checkpoints: bool = True,
+    after_write: Any = None,
 ) -> Any:
     """Add what `worker.training.run` adds to a Learner: per-batch loss and lr, per-epoch
     metrics, progress, the background writer flushing to the database, the stop check, a
     checkpoint every epoch written in the background (unless `checkpoints` is off), and on XLA
     the metrics report. The fit ends when the last checkpoint is on disk, as the worker waits
-    for it before the export. Returns the telemetry writer to close."""
+    for it before the export; `after_write(path, epoch)` hears of each checkpoint written (the
+    worker's uploader to the store). Returns the telemetry writer to close."""
     from fastai.callback.core import Callback
 
     from db import queue
@@ -85,7 +87,8 @@ def instrument_like_worker(
     job_dir = folder / f"job-{job_id}"
     job_dir.mkdir(parents=True)  # as the worker's job process does
 
-    checkpoint_writer = CheckpointWriter(job_dir, background=xla)  # as the worker decides
+    # As the worker decides: in the background on an accelerator; then handed to the uploader.
+    checkpoint_writer = CheckpointWriter(job_dir, background=xla, after_write=after_write)
 
     def checkpoint(epoch: int) -> None:
         checkpoint_writer.save(learn, epoch=epoch, lr=1e-2, spec=spec.model_dump(mode="json"))

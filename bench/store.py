@@ -1,0 +1,222 @@
+"""What the bucket costs: a fit whose checkpoints go to a bucket against one whose go to the
+local store, and a download through the dashboard's route against reading the object directly.
+
+    .venv/bin/python bench/store.py [--rounds 3] [--epochs 2] [--img-size 16] [--mb 100]
+
+The bucket is the Cloud Storage emulator (fake-gcs-server, tests/support/gcs.py) on loopback,
+reached through gcsfs as a real bucket is. One interleaved run: every round runs each arm once,
+so that the machine's noise hits them alike.
+  fit       the worker's run on the digits (bench/overhead.py's traindeck arm: per-batch
+            telemetry into SQLite, a checkpoint every epoch), each checkpoint handed to the
+            worker's uploader (worker/checkpoint_upload.py), which puts it in the store off the
+            training thread; the fit's wall time with TRAINDECK_STORE unset (a folder) and with
+            the bucket. Target: local/bucket ≥ 0.97 (the upload does not slow training). The
+            time the last upload took after the fit ended is printed beside it.
+  download  an object of --mb megabytes in the bucket, read through the dashboard's download
+            route (dashboard.downloads.routes() served by uvicorn on 127.0.0.1, read over HTTP
+            in 1 MB reads) and directly with the store's client (common.store.iter_chunks).
+            Target: route/direct ≥ 0.8.
+Prints the figures and the ratios; never fails on timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run as a script (make bench), the repository is not on the path
+
+from bench._fit import check_fit_finished, instrument_like_worker, prepare_digits_fit  # noqa: E402
+from common.entry import run_main  # noqa: E402
+
+BUCKET = "traindeck-bench"
+READ_BYTES = 1 << 20
+
+
+def _start_bucket(root: Path) -> Any:
+    from tests.support.gcs import GcsEmulator
+
+    emulator = GcsEmulator(root / "objects").start()
+    emulator.create_bucket(BUCKET)
+    os.environ["STORAGE_EMULATOR_HOST"] = emulator.url
+    return emulator
+
+
+def _use_store(bucket: bool) -> None:
+    if bucket:
+        os.environ["TRAINDECK_STORE"] = f"gs://{BUCKET}/bench"
+    else:
+        os.environ.pop("TRAINDECK_STORE", None)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _serve_downloads() -> tuple[Any, threading.Thread, int]:
+    """The dashboard's download route alone, served by uvicorn on loopback (no sign-in)."""
+    import uvicorn
+    from starlette.applications import Starlette
+
+    from dashboard import downloads
+
+    port = _free_port()
+    config = uvicorn.Config(
+        Starlette(routes=downloads.routes()), host="127.0.0.1", port=port, log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise SystemExit("uvicorn did not start")
+        time.sleep(0.05)
+    return server, thread, port
+
+
+def _read_through_route(port: int, link: str) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        connection.request("GET", link)
+        response = connection.getresponse()
+        if response.status != 200:
+            raise SystemExit(f"the download route answered {response.status}: {response.read()}")
+        total = 0
+        while chunk := response.read(READ_BYTES):
+            total += len(chunk)
+        return total
+    finally:
+        connection.close()
+
+
+def _read_directly(url: str) -> int:
+    from common import store
+
+    return sum(len(chunk) for chunk in store.iter_chunks(url))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--img-size", type=int, default=16)
+    parser.add_argument("--bs", type=int, default=64)
+    parser.add_argument("--mb", type=int, default=100, help="size of the downloaded object")
+    args = parser.parse_args()
+
+    bench = prepare_digits_fit("traindeck-store-", args.epochs, args.img_size, args.bs, False)
+    folder, engine, spec, setup = bench.folder, bench.engine, bench.spec, bench.setup
+    dls = bench.dls
+    emulator = _start_bucket(Path(tempfile.mkdtemp(prefix="traindeck-store-bucket-")))
+
+    from common import store
+    from dashboard import auth, downloads
+    from worker.checkpoint_upload import CheckpointUploader
+    from worker.training import build_learner
+
+    print(f"store benchmark: resnet18, digits {args.img_size}px, bs {args.bs}, {args.epochs} "
+          f"epochs; an object of {args.mb} MB; {args.rounds} rounds per arm, on {setup.label}; "
+          f"the bucket is fake-gcs-server on loopback")  # fmt: skip
+
+    runs = iter(range(1, 1_000_000))
+
+    def fit(bucket: bool) -> tuple[float, float]:
+        """(seconds the fit took, seconds its last upload took after the fit)."""
+        from fastai.torch_core import set_seed
+
+        _use_store(bucket)
+        run = next(runs)
+        problems: list[str] = []
+        uploads = CheckpointUploader(
+            900_000 + run, folder, lambda level, message: problems.append(message), kept=2
+        )
+        set_seed(spec.seed)
+        learn = build_learner(dls, spec, setup.device, folder / f"fit-{run}", setup.parallel)
+        writer = instrument_like_worker(
+            learn, engine, spec, folder, setup.label, args.epochs, False, after_write=uploads.submit
+        )
+        started = time.perf_counter()
+        learn.fit_one_cycle(args.epochs, 1e-2)
+        fitted = time.perf_counter()
+        uploads.wait()
+        tail = time.perf_counter() - fitted
+        uploads.close()
+        writer.close()
+        check_fit_finished(learn, args.epochs)
+        if problems or uploads.uploaded_epoch != args.epochs - 1:
+            raise SystemExit(f"a checkpoint did not reach the store: {problems}")
+        return fitted - started, tail
+
+    # The object to download, in the bucket.
+    _use_store(True)
+    source = folder / "object.bin"
+    with open(source, "wb") as handle:
+        for _ in range(args.mb):
+            handle.write(os.urandom(1 << 20))
+    stored = store.put_file(
+        source, store.job_output_key(1, "export.pkl", store.sha256_file(source))
+    )
+    source.unlink()
+    auth.session_identity = lambda: None  # a link for anyone: no sign-in in front of the route
+    link = downloads.link_for(stored.url, "export.pkl", stored.sha256)
+    server, thread, port = _serve_downloads()
+
+    def download(through_route: bool) -> float:
+        """Megabytes per second."""
+        _use_store(True)
+        started = time.perf_counter()
+        read = _read_through_route(port, link) if through_route else _read_directly(stored.url)
+        elapsed = time.perf_counter() - started
+        if read != stored.bytes:
+            raise SystemExit(f"read {read} bytes of {stored.bytes}")
+        return read / 1e6 / elapsed
+
+    try:
+        fit(False), fit(True), download(False), download(True)  # warm-up: first-touch costs
+        fits: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+        reads: dict[bool, list[float]] = {False: [], True: []}
+        for round_index in range(args.rounds):
+            for bucket in (False, True):
+                fits[bucket].append(fit(bucket))
+                seconds, tail = fits[bucket][-1]
+                arm = "bucket" if bucket else "local"
+                print(f"  round {round_index + 1} fit, {arm:<6} store {seconds:7.2f} s "
+                      f"(+{tail:.2f} s for the last upload)", flush=True)  # fmt: skip
+            for through_route in (False, True):
+                reads[through_route].append(download(through_route))
+                arm = "route " if through_route else "direct"
+                print(f"  round {round_index + 1} download, {arm}  "
+                      f"{reads[through_route][-1]:8.1f} MB/s", flush=True)  # fmt: skip
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        emulator.stop()
+
+    local = statistics.median(seconds for seconds, _ in fits[False])
+    bucket = statistics.median(seconds for seconds, _ in fits[True])
+    tail = statistics.median(tail for _, tail in fits[True])
+    direct = statistics.median(reads[False])
+    route = statistics.median(reads[True])
+    print(f"fit, local store   {local:7.2f} s")
+    print(f"fit, bucket store  {bucket:7.2f} s  (+{tail:.2f} s until its last checkpoint was up)")
+    print(f"ratio local/bucket {local / bucket:.3f} (target ≥ 0.97)")
+    print(f"download, directly with the client  {direct:8.1f} MB/s")
+    print(f"download, through the route         {route:8.1f} MB/s")
+    print(f"ratio route/direct {route / direct:.3f} (target ≥ 0.8)")
+
+
+if __name__ == "__main__":
+    run_main(main)
