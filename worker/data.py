@@ -6,6 +6,7 @@ import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 from fastai.data.block import CategoryBlock, DataBlock, TransformBlock
@@ -22,6 +23,7 @@ from datasets.labelling import DatasetError, LabelledItems, scan_items
 from db.datasets import get_dataset
 from db.engine import Engine
 from db.spec import JobSpec, batch_size_problem, training_images
+from worker.augment import XlaAugment
 from worker.dataset_cache import fetch_archive
 from worker.fetch import load_dataset_items
 
@@ -97,6 +99,18 @@ def loader_workers(item_count: int, cpus: int | None = None) -> int:
     return max(0, min(MAX_LOADER_WORKERS, (cpus or usable_cpus()) - 1))
 
 
+def augmentation(spec: JobSpec, device: torch.device) -> list[Any]:
+    """fastai's aug_transforms; on an XLA device the same augmentations in a form XLA runs
+    whole (host-drawn parameters, no CPU fallback, one graph per step: `worker.augment`)."""
+    if device.type == "xla":
+        log.info(
+            "augmentation on the XLA device: fastai's aug_transforms (flip, rotation, zoom, "
+            "perspective warp, lighting), its random numbers drawn on the host for each batch"
+        )
+        return [XlaAugment(spec.img_size, seed=spec.seed)]
+    return aug_transforms(size=spec.img_size)
+
+
 def build_dataloaders(items: LabelledItems, spec: JobSpec, device: torch.device) -> DataLoaders:
     if len(items.items) < 2 or len(items.classes) < 2:
         raise DatasetError(
@@ -114,9 +128,7 @@ def build_dataloaders(items: LabelledItems, spec: JobSpec, device: torch.device)
     problem = batch_size_problem(spec.bs, training_count, spec.dataset)
     if problem:
         raise DatasetError(problem)
-    batch_tfms = []
-    if spec.augment:
-        batch_tfms += aug_transforms(size=spec.img_size)
+    batch_tfms = augmentation(spec, device) if spec.augment else []
     batch_tfms.append(Normalize.from_stats(*imagenet_stats))
     block = DataBlock(
         blocks=(image_block(), CategoryBlock),

@@ -7,6 +7,12 @@ background thread, a few batches ahead, while the training thread runs the curre
 leaves the batch transforms (to float, normalisation, augmentation) to the training thread: on
 XLA they are traced into the step's graph, and tracing in two threads would mix their graphs.
 
+A batch transform may also want inputs made on the host for each batch (the XLA augmentation
+draws its random parameters there, `worker.augment`): one with a `host_inputs(batch, place)`
+method gets called in the loading thread with each host batch, its result copied to the
+device(s) like the batch, and handed back through `receive` just before the training thread
+applies the batch transforms to that batch.
+
 fastai's Learner still drives the loop: `PrefetchCallback` swaps the Learner's current
 DataLoader for a prefetching view of it at the start of each training and validation pass.
 """
@@ -28,6 +34,26 @@ _POLL_S = 0.1
 
 class _End:
     """Put after the last batch."""
+
+
+class _Loaded:
+    """A batch on the device, with what the host-side transforms made for it."""
+
+    def __init__(self, batch: Any, extras: list[Any]):
+        self.batch = batch
+        self.extras = extras
+
+
+def host_side_transforms(dl: TfmdDL) -> list[Any]:
+    """The batch transforms that this pass applies and that want host inputs per batch."""
+    pipeline = dl.after_batch
+    split_idx = getattr(pipeline, "split_idx", None)
+    return [
+        tfm
+        for tfm in getattr(pipeline, "fs", [])
+        if hasattr(tfm, "host_inputs")
+        and (getattr(tfm, "split_idx", None) is None or tfm.split_idx == split_idx)
+    ]
 
 
 class _Failed:
@@ -66,10 +92,14 @@ class DevicePrefetcher:
         # it yields collated host batches. A new one per pass, as fastai reshuffles per pass.
         host = dl.new(device=None, after_batch=None)
         dl.before_iter()  # tells the shared batch transforms whether this is training data
+        preparers = host_side_transforms(dl)
         ready: queue.Queue[Any] = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
         loader = threading.Thread(
-            target=self._load, args=(host, ready, stop), name="traindeck-prefetch", daemon=True
+            target=self._load,
+            args=(host, ready, stop, preparers),
+            name="traindeck-prefetch",
+            daemon=True,
         )
         loader.start()
         try:
@@ -82,7 +112,9 @@ class DevicePrefetcher:
                 if isinstance(item, _Failed):
                     raise item.error
                 self.batches += 1
-                yield dl.after_batch(item)
+                for tfm, extra in zip(preparers, item.extras, strict=True):
+                    tfm.receive(extra)
+                yield dl.after_batch(item.batch)
             dl.after_iter()
         finally:
             stop.set()
@@ -92,11 +124,15 @@ class DevicePrefetcher:
                 except queue.Empty:
                     loader.join(_POLL_S)
 
-    def _load(self, host: TfmdDL, ready: queue.Queue[Any], stop: threading.Event) -> None:
+    def _load(
+        self, host: TfmdDL, ready: queue.Queue[Any], stop: threading.Event, preparers: list[Any]
+    ) -> None:
         batches = iter(host)
         try:
             for batch in batches:
-                if stop.is_set() or not self._put(ready, self.place(batch), stop):
+                extras = [tfm.host_inputs(batch, self.place) for tfm in preparers]
+                loaded = _Loaded(self.place(batch), extras)
+                if stop.is_set() or not self._put(ready, loaded, stop):
                     return
             self._put(ready, _End(), stop)
         except BaseException as exc:  # surfaces in the training thread, with its traceback
