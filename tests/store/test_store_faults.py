@@ -198,3 +198,21 @@ def test_the_dashboard_stops_every_page_with_the_line_naming_the_bucket(
     assert [code.value for code in app.code] == [
         "bucket no-such-bucket: cannot reach gs://no-such-bucket/td: no such bucket"
     ]
+
+
+def test_a_malformed_store_url_stops_every_dashboard_page(
+    sqlite_engine, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("TRAINDECK_STORE", "file:///srv/store")
+    app = AppTest.from_file(str(Path(REPO) / "dashboard" / "app.py"), default_timeout=60)
+
+    app.run()
+
+    assert not app.exception, [e.value for e in app.exception]
+    assert [error.value for error in app.error] == [
+        "traindeck cannot use a setting in its environment:"
+    ]
+    assert [code.value for code in app.code] == [
+        "TRAINDECK_STORE='file:///srv/store' is not valid: a store URL, gs://BUCKET or "
+        "gs://BUCKET/PREFIX (unset: a folder under the data folder)"
+    ]

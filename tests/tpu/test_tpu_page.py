@@ -148,28 +148,21 @@ def test_a_sqlite_database_keeps_create_disabled_with_the_reason(
     assert [a for a in page.text_area if a.key.startswith("tpu_new_script_")] == []
 
 
-@pytest.mark.parametrize(
-    ("store", "reason"),
-    [
-        (None, "workers on other machines cannot read this machine's folder: set "
-         "TRAINDECK_STORE to a gs:// bucket"),
-        ("file:///srv/store", "TRAINDECK_STORE='file:///srv/store' is not a store URL"),
-    ],
-)  # fmt: skip
 def test_a_store_on_this_machine_keeps_create_disabled_with_the_reason(
-    page: AppTest, fake_api: FakeTpuApi, monkeypatch: pytest.MonkeyPatch, store, reason: str
+    page: AppTest, fake_api: FakeTpuApi, monkeypatch: pytest.MonkeyPatch
 ):
-    """Unset, TRAINDECK_STORE is a folder under the data folder, which a TPU VM cannot read."""
-    if store is None:
-        monkeypatch.delenv("TRAINDECK_STORE")
-    else:
-        monkeypatch.setenv("TRAINDECK_STORE", store)
+    """Unset, TRAINDECK_STORE is a folder under the data folder, which a TPU VM cannot read.
+    (A malformed one stops every page of the dashboard first, as any bad setting does.)"""
+    monkeypatch.delenv("TRAINDECK_STORE")
     _no_exception(page.run())
     page.text_input(key="tpu_new_name").set_value("trainer-1")
     _no_exception(page.run())
 
     (settle,) = [shown(text) for text in _texts(page, "info") if "once these are" in text]
-    assert reason in settle
+    assert (
+        "workers on other machines cannot read this machine's folder: set TRAINDECK_STORE to a "
+        "gs:// bucket" in settle
+    )
     assert page.button(key="tpu_create").disabled
     assert [a for a in page.text_area if a.key.startswith("tpu_new_script_")] == []
     assert fake_api.requests_of("POST") == []
