@@ -40,6 +40,37 @@ def test_raw_loss_is_recovered_exactly_from_fastais_smoothed_loss():
     assert recovered == pytest.approx(losses, rel=1e-4, abs=1e-4)
 
 
+def test_the_host_side_stand_ins_compute_what_fastais_recorder_does():
+    """worker.device_values feeds fastai's arithmetic with values read in chunks: the smoothed
+    loss and a metric's average come out as fastai's own AvgSmoothLoss and AvgMetric give."""
+    from fastai.learner import AvgMetric
+    from fastai.metrics import accuracy
+
+    from worker.device_values import DeviceAverage, HostSmoothLoss
+
+    losses = [2.3, 2.1, 5.0, 0.4, 0.39, 1.7, 0.01, 3.3]
+    fastai_smooth, host_smooth = AvgSmoothLoss(beta=0.98), HostSmoothLoss(beta=0.98)
+    for loss in losses:
+        fastai_smooth.accumulate(SimpleNamespace(loss=torch.tensor(loss)))
+        assert torch.equal(host_smooth.add(torch.tensor(loss)), fastai_smooth.value)
+    assert host_smooth.count == fastai_smooth.count
+
+    torch.manual_seed(0)
+    batches = [(torch.randn(bs, 10), torch.randint(0, 10, (bs,))) for bs in (16, 16, 5)]
+    original = AvgMetric(accuracy)
+    average = DeviceAverage(AvgMetric(accuracy))
+    original.reset()
+    for pred, target in batches:
+        learn = SimpleNamespace(pred=pred, yb=(target,), to_detach=lambda t: t.detach())
+        original.accumulate(learn)
+        average.capture(learn)
+        average.accumulate(learn)  # what the Recorder calls: nothing more to add
+    assert average.value is None and average.unread  # not read from the device yet
+    average.take(average.total)
+    assert average.count == original.count == 37 and average.name == "accuracy"
+    torch.testing.assert_close(average.value, original.value)
+
+
 def test_the_training_count_checked_at_submit_is_fastais_random_split():
     from fastai.data.transforms import RandomSplitter
 

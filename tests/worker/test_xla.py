@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 import sys
 
@@ -83,3 +85,88 @@ def test_the_step_sync_leaves_cyclic_garbage_out_of_the_graph():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-1] == "0", "the sync compiled a graph for unreachable tensors"
+
+
+def _series(engine, job_id: int, name: str) -> tuple[list[int], list[float]]:
+    points = telemetry.metric_series(engine, job_id, name)
+    return [step for step, _ in points], [value for _, value in points]
+
+
+def test_losses_read_in_chunks_equal_those_read_every_step(sqlite_engine, small_digits):
+    """The same XLA job, its loss read from the device every step (N = 1) and every 4 steps:
+    the stored per-batch losses, learning rates and epoch metrics are the same, one point per
+    step and none missing where an epoch ends inside a chunk (10 steps an epoch)."""
+    dataset = small_digits(per_class=20)  # 160 training images, batch 16: 10 steps an epoch
+    spec = {"dataset": dataset, "arch": "resnet18", "epochs": 2, "lr": 1e-2, "img_size": 16,
+            "bs": 16, "device": "xla"}  # fmt: skip
+    jobs = {}
+    for every in ("1", "4"):
+        jobs[every] = queue.submit(sqlite_engine, {**spec, "name": f"read every {every}"})
+        result = run_worker("--once", PJRT_DEVICE="CPU", TRAINDECK_XLA_READ_EVERY=every)
+        assert result.returncode == 0, result.stderr[-3000:]
+        job = queue.get_job(sqlite_engine, jobs[every])
+        assert job.status == "succeeded", job.error
+
+    steps = list(range(2 * 10))
+    for name in ("batch/train_loss", "batch/lr"):
+        each_step, chunked = (_series(sqlite_engine, jobs[every], name) for every in ("1", "4"))
+        assert each_step[0] == steps and chunked[0] == steps, name
+        assert chunked[1] == pytest.approx(each_step[1], abs=1e-5), name
+    finals = telemetry.final_metrics(sqlite_engine, list(jobs.values()))
+    for name in ("train_loss", "valid_loss", "accuracy", "error_rate", "top5_accuracy"):
+        every, chunked = (_series(sqlite_engine, jobs[n], f"epoch/{name}") for n in ("1", "4"))
+        assert every[0] == chunked[0] == [0, 1], name
+        assert chunked[1] == pytest.approx(every[1], abs=1e-5), name
+        assert finals[jobs["4"]][name] == pytest.approx(chunked[1][-1])
+
+
+def test_the_recorder_holds_fastais_numbers_and_lr_find_works(tmp_path):
+    """In one process: the digits Learner fitted as fastai does it (the host reads every batch's
+    loss and metrics) and with the values kept on the device, read every 4 steps (6 steps an
+    epoch). fastai's Recorder (losses, lrs, values, iters), the epoch log and the telemetry's
+    per-batch points hold the same numbers; the training passes make one device→host transfer
+    per chunk instead of one per step. lr_find then suggests a learning rate on XLA."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.worker.device_values_probe", str(tmp_path), "4"],
+        cwd=REPO,
+        env=worker_env(PJRT_DEVICE="CPU", CPU_NUM_DEVICES="1"),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    plain, deferred = figures["plain"], figures["deferred"]
+    steps = figures["epochs"] * figures["steps_per_epoch"]
+
+    assert len(deferred["losses"]) == len(plain["losses"]) == steps
+    assert deferred["losses"] == pytest.approx(plain["losses"], abs=1e-5)
+    assert deferred["lrs"] == plain["lrs"]
+    assert deferred["iters"] == plain["iters"]
+    assert deferred["names"] == plain["names"]
+    for epoch, values in enumerate(deferred["values"]):
+        assert values == pytest.approx(plain["values"][epoch], abs=1e-5)
+    # fastai's own objects are back after the fit
+    assert deferred["smooth_loss"] == "AvgSmoothLoss"
+    assert set(deferred["metrics"]) == {"AvgMetric"}
+
+    def points(arm: dict, prefix: str) -> dict[tuple[str, int], float]:
+        return {(n, s): v for n, s, v in arm["points"] if n.startswith(prefix)}
+
+    batch = points(deferred, "batch/")
+    assert sorted(batch) == sorted(points(plain, "batch/"))
+    assert sorted(s for n, s in batch if n == "batch/train_loss") == list(range(steps))
+    assert list(batch.values()) == pytest.approx(list(points(plain, "batch/").values()), abs=1e-5)
+    names = deferred["names"][1:-1]  # the epoch log's columns, without epoch and time
+    for epoch, values in enumerate(deferred["values"]):
+        logged = points(deferred, "epoch/")
+        stored = [logged[("epoch/" + ("top5_accuracy" if n == "top_k_accuracy" else n), epoch)]
+                  for n in names]  # fmt: skip
+        assert stored == pytest.approx(values, abs=1e-6)
+
+    assert plain["training_transfers"] == steps  # fastai: the loss, every step
+    assert deferred["training_transfers"] <= steps // figures["read_every"]
+
+    found = figures["lr_find"]
+    assert found["losses"] > 0 and 0 < found["valley"] < 1
+    assert all(math.isfinite(value) for value in found["fit_after"])
