@@ -75,6 +75,9 @@ class System:
     name: str
     prepare: Callable[[Any, int], Callable[[], None] | None]
     prefetch: bool = False
+    # On XLA: fastai's values stay on the device, read in chunks (worker.device_values), as in
+    # the worker; the others keep fastai's own Recorder, which reads them every batch.
+    device_values: bool = False
     walls: list[float] = field(default_factory=list)
     cpus: list[float] = field(default_factory=list)
 
@@ -175,6 +178,7 @@ def main() -> None:
 
     from fastai.torch_core import set_seed
 
+    from worker.device_values import DeviceValuesCallback
     from worker.training import build_learner
 
     def traindeck(checkpoints: bool) -> Callable[[Any, int], Callable[[], None]]:
@@ -194,11 +198,13 @@ def main() -> None:
 
     systems = [
         System("plain fastai", lambda learn, round_index: None),
-        System("traindeck", traindeck(checkpoints=False), prefetch=True),
+        System("traindeck", traindeck(checkpoints=False), prefetch=True, device_values=True),
         System("mlflow", mlflow_logger(f"file://{folder / 'mlruns'}")),
         System("tensorboard", tensorboard_logger(folder)),
         System("wandb", wandb_logger(folder, plain_config)),
-        System("traindeck+checkpoints", traindeck(checkpoints=True), prefetch=True),
+        System(
+            "traindeck+checkpoints", traindeck(checkpoints=True), prefetch=True, device_values=True
+        ),
     ]
     if args.mlflow_sqlite:
         systems.append(System("mlflow-sqlite", mlflow_logger(f"sqlite:///{folder / 'mlflow.db'}")))
@@ -231,6 +237,8 @@ def main() -> None:
                 dls, spec, setup.device, folder / f"learner-{round_index}", setup.parallel,
                 prefetch=system.prefetch,
             )  # fmt: skip
+            if not system.device_values:
+                learn.remove_cbs([cb for cb in learn.cbs if isinstance(cb, DeviceValuesCallback)])
         close = system.prepare(learn, round_index)
         gc.collect()  # the previous fits' garbage is collected now, not during this one
         started, cpu_started = time.perf_counter(), tree_cpu_seconds()
