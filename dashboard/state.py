@@ -13,6 +13,7 @@ import streamlit as st
 from common import config, store
 from common.errors import first_line
 from common.settings import SettingsError, settings
+from dashboard.format import plain
 from db.engine import DatabaseError, Engine, printable_url
 from db.engine import get_engine as db_get_engine
 from db.migrate import is_migrated
@@ -59,12 +60,12 @@ def require_database() -> Engine:
         st.stop()
     except DatabaseError as exc:
         reason = first_line(exc)
-        st.error(f"Cannot reach the database at {printable_url(url)}: {reason}")
+        st.error(f"Cannot reach the database at {plain(printable_url(url))}: {plain(reason)}")
         st.stop()
     require_store()
     if not migrated:
         st.error(
-            f"The database at {printable_url(url)} has no tables yet. "
+            f"The database at {plain(printable_url(url))} has no tables yet. "
             "Create them with `python -m db upgrade`, then reload this page."
         )
         st.stop()
