@@ -78,4 +78,4 @@ format: $(VENV)/.installed-dev
 
 ## bench: every benchmark under bench/ (prints ratios; never fails on timing)
 bench: $(VENV)/.installed-bench
-	for script in bench/*.py; do $(BIN)/python $$script; done
+	for script in $$(ls bench/[a-z]*.py); do $(BIN)/python -m bench.$$(basename $$script .py) || exit 1; done

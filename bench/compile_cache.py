@@ -1,7 +1,7 @@
 """The persistent XLA compilation cache: the same job twice, through the worker, on one data
 folder. Does the second job load its graphs instead of compiling them?
 
-    .venv/bin/python bench/compile_cache.py [--epochs 1] [--img-size 16] [--bs 64]
+    .venv/bin/python -m bench.compile_cache [--epochs 1] [--img-size 16] [--bs 64]
 
 Each job runs in its own process (as the worker always runs them), so only the cache under
 `<data>/xla_cache` carries compiled graphs from the first to the second. Prints per job: graphs

@@ -7,7 +7,7 @@
    growing no faster than the number of points.
 2. The jobs page's query (`db.jobs_table.job_rows`) with 1,000 jobs of 300 metric points each.
 
-    .venv/bin/python bench/dashboard_queries.py [--quick] [--postgres ADMIN_URL]
+    .venv/bin/python -m bench.dashboard_queries [--quick] [--postgres ADMIN_URL]
         --quick: 10^4 and 10^5 points only
         --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test: the same in a temporary
         Postgres database as well

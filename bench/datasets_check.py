@@ -1,7 +1,7 @@
 """How fast registration checks a dataset: decoding every image (JPEG in draft mode vs a full
 decode), scanning a folder, and unpacking an uploaded zip. Prints figures; never fails on time.
 
-    .venv/bin/python bench/datasets_check.py [IMAGES]
+    .venv/bin/python -m bench.datasets_check [IMAGES]
 """
 
 from __future__ import annotations

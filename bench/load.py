@@ -20,7 +20,7 @@ fails on time.
 - At the end every job's metric rows are counted against the steps its worker reported: points
   lost (fewer rows) or doubled (more) should both be 0.
 
-    .venv/bin/python bench/load.py [--quick] [--sessions 20] [--writers 4]
+    .venv/bin/python -m bench.load [--quick] [--sessions 20] [--writers 4]
         [--postgres postgresql+psycopg://postgres@127.0.0.1:5432/test]
 """
 

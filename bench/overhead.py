@@ -1,6 +1,6 @@
 """What traindeck's instrumentation costs training: plain fastai vs the worker's run.
 
-    .venv/bin/python bench/overhead.py [--rounds 3] [--epochs 2] [--img-size 16] [--xla]
+    .venv/bin/python -m bench.overhead [--rounds 3] [--epochs 2] [--img-size 16] [--xla]
 
 Both arms build the same DataLoaders and Learner as the worker (`worker.data`,
 `worker.training.build_learner`) and call `fit_one_cycle` with the same data, model, seed and

@@ -1,6 +1,6 @@
 """traindeck against the tools people use instead: training throughput while logging every batch.
 
-    .venv/bin/python bench/peers.py [--quick] [--rounds 6] [--epochs 3] [--img-size 16] [--bs 64]
+    .venv/bin/python -m bench.peers [--quick] [--rounds 6] [--epochs 3] [--img-size 16] [--bs 64]
                                     [--xla] [--mlflow-sqlite] [--tiny]
 
 Every system trains the same model (the worker's resnet18 Learner), data (the built-in digits),

@@ -1,7 +1,7 @@
 """Queue benchmark: claim throughput and submit→claim latency, SQLite and Postgres, 1 and 4
 claimers (separate processes, as workers are). Prints figures; never fails on timing.
 
-    .venv/bin/python bench/queue_claims.py [--jobs 1000] [--latency-jobs 200]
+    .venv/bin/python -m bench.queue_claims [--jobs 1000] [--latency-jobs 200]
         [--backends sqlite,postgres]
 
 Throughput: N queued jobs, K claimers start together and claim until the queue is empty.

@@ -1,6 +1,6 @@
 """What results cost: the end-of-training interpretation; loading and predicting an export.
 
-    .venv/bin/python bench/results.py [--arch resnet18] [--img-size 16] [--images 50]
+    .venv/bin/python -m bench.results [--arch resnet18] [--img-size 16] [--images 50]
 
 A Learner built as the worker builds it (`worker.data`, `worker.training.build_learner`) on the
 built-in digits, untrained (the timings do not depend on the weights), exported as the worker

@@ -2,7 +2,7 @@
 large table, on SQLite and Postgres. Prints figures and ratios (large / small); never fails on
 timing.
 
-    .venv/bin/python bench/scale.py [--backends sqlite,postgres] [--small-queue 200]
+    .venv/bin/python -m bench.scale [--backends sqlite,postgres] [--small-queue 200]
         [--large-queue 70000] [--small-jobs 220] [--large-jobs 70000] [--points 1000000]
         [--repeats 5]
 

@@ -1,7 +1,7 @@
 """What SPMD data parallelism gives each device: its slice of the batch and its share of the
 work per training step, with 1, 2, 4… XLA devices (virtual ones on the CPU: PJRT_DEVICE=CPU).
 
-    .venv/bin/python bench/spmd.py [--devices 1 2 4] [--img-size 16] [--bs 64] [--accuracy]
+    .venv/bin/python -m bench.spmd [--devices 1 2 4] [--img-size 16] [--bs 64] [--accuracy]
 
 For each device count a fresh process trains the worker's resnet18 Learner on the digits for
 a few steps, with XLA dumping the compiled programs. Per device count it prints:

@@ -1,7 +1,7 @@
 """What the bucket costs: a fit whose checkpoints go to a bucket against one whose go to the
 local store, and a download through the dashboard's route against reading the object directly.
 
-    .venv/bin/python bench/store.py [--rounds 3] [--epochs 2] [--img-size 16] [--mb 100]
+    .venv/bin/python -m bench.store [--rounds 3] [--epochs 2] [--img-size 16] [--mb 100]
 
 The bucket is the Cloud Storage emulator (fake-gcs-server, tests/support/gcs.py) on loopback,
 reached through gcsfs as a real bucket is. One interleaved run: every round runs each arm once,
