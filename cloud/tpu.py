@@ -47,14 +47,13 @@ from google.oauth2 import service_account
 from google.rpc import code_pb2
 
 from common.errors import first_line
+from common.settings import settings
 from db import queue
 from db.engine import Engine
 
 GOOGLE_TPU_API_ENDPOINT = "https://tpu.googleapis.com"
 ENDPOINT_ENV = "TRAINDECK_TPU_API_ENDPOINT"
 CREDENTIALS_ENV = "TRAINDECK_TPU_CREDENTIALS"
-PROJECT_ENV = "TRAINDECK_TPU_PROJECT"
-ZONE_ENV = "TRAINDECK_TPU_ZONE"
 ANONYMOUS = "anonymous"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
@@ -137,17 +136,8 @@ class AcceleratorTypeRefused(NodeRequestError):
 
 
 def api_endpoint() -> str:
-    """`TRAINDECK_TPU_API_ENDPOINT`, checked, or Google's endpoint."""
-    raw = os.environ.get(ENDPOINT_ENV, "").strip().rstrip("/")
-    if not raw:
-        return GOOGLE_TPU_API_ENDPOINT
-    parts = urlsplit(raw if "://" in raw else f"https://{raw}")
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path:
-        raise TpuError(
-            f"{ENDPOINT_ENV} must be an address like https://tpu.googleapis.com or "
-            f"http://127.0.0.1:8080, not {raw!r}"
-        )
-    return f"{parts.scheme}://{parts.netloc}"
+    """`TRAINDECK_TPU_API_ENDPOINT` (checked by the settings), or Google's endpoint."""
+    return settings().tpu_api_endpoint or GOOGLE_TPU_API_ENDPOINT
 
 
 def is_google_endpoint(endpoint: str) -> bool:
@@ -164,7 +154,7 @@ class FoundCredentials:
 
 def load_credentials(endpoint: str) -> FoundCredentials:
     """The credentials to call `endpoint` with, or `CredentialsMissing` saying why not."""
-    raw = os.environ.get(CREDENTIALS_ENV, "").strip()
+    raw = settings().tpu_credentials or ""
     if raw.lower() == ANONYMOUS:
         if is_google_endpoint(endpoint):
             raise CredentialsMissing(
@@ -202,15 +192,13 @@ def _service_account_file(path: Path) -> FoundCredentials:
 
 
 def default_project(found: FoundCredentials | None = None) -> str:
-    for name in (PROJECT_ENV, "GOOGLE_CLOUD_PROJECT"):
-        value = os.environ.get(name, "").strip()
-        if value:
-            return value
-    return (found.project if found else None) or ""
+    # GOOGLE_CLOUD_PROJECT is Google's own variable, read as google-auth reads it.
+    chosen = settings().tpu_project or os.environ.get("GOOGLE_CLOUD_PROJECT", "").strip()
+    return chosen or (found.project if found else None) or ""
 
 
 def default_zone() -> str:
-    return os.environ.get(ZONE_ENV, "").strip()
+    return settings().tpu_zone or ""
 
 
 def make_client(endpoint: str, credentials: Credentials) -> tpu_v2.TpuClient:

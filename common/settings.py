@@ -15,9 +15,8 @@ and stops. The README's Configuration table lists these variables.
 Read where they are used, not here, because they are not traindeck's settings: PJRT_DEVICE,
 CPU_NUM_DEVICES and TPU_ACCELERATOR_TYPE (torch_xla's and the TPU VM's own), STREAMLIT_*
 (Streamlit's), TRAINDECK_FAILPOINTS (set by tests only), and the environment handed on to
-child processes. Not routed through here yet: the TPU VMs page's variables (cloud/tpu.py,
-dashboard/pages/tpu_vms.py: TRAINDECK_TPU_*, TRAINDECK_SOURCE_URL,
-TRAINDECK_WORKER_DATABASE_URL).
+child processes; and Google's own (GOOGLE_CLOUD_PROJECT, GOOGLE_APPLICATION_CREDENTIALS,
+CLOUDSDK_CONFIG), which google-auth reads.
 """
 
 from __future__ import annotations
@@ -136,6 +135,26 @@ class Settings(BaseSettings):
         "a whole number of training steps, at least 1 (at most 10000)",
         ge=1,
         le=10_000,
+    )
+
+    # Cloud TPU VMs (cloud.tpu, cloud.watch and the TPU VMs page).
+    tpu_api_endpoint: str | None = _setting(
+        None,
+        "TRAINDECK_TPU_API_ENDPOINT",
+        "an address like https://tpu.googleapis.com or http://127.0.0.1:8080",
+    )
+    tpu_credentials: str | None = _setting(
+        None,
+        "TRAINDECK_TPU_CREDENTIALS",
+        "the path of a service-account key file, or 'anonymous' (a local API endpoint only)",
+    )
+    tpu_project: str | None = _setting(None, "TRAINDECK_TPU_PROJECT", "a Google Cloud project ID")
+    tpu_zone: str | None = _setting(None, "TRAINDECK_TPU_ZONE", "a zone, e.g. us-central2-b")
+    source_url: str | None = _setting(
+        None, "TRAINDECK_SOURCE_URL", "the git or .tar.gz URL new TPU VMs fetch traindeck from"
+    )
+    worker_database_url: SecretStr | None = _setting(
+        None, "TRAINDECK_WORKER_DATABASE_URL", f"a database URL, {DATABASE_URL_FORMS}"
     )
 
     # The dashboard.
@@ -275,7 +294,22 @@ class Settings(BaseSettings):
             raise ValueError("not a store URL")
         return value.rstrip("/")
 
-    @field_validator("database_url")
+    @field_validator("tpu_api_endpoint")
+    @classmethod
+    def _api_endpoint(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        raw = value.rstrip("/")
+        try:
+            parts = urlsplit(raw if "://" in raw else f"https://{raw}")
+            parts.port  # noqa: B018 (a port that is no number raises here)
+        except ValueError:
+            raise ValueError("not an address") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path:
+            raise ValueError("not an address")
+        return f"{parts.scheme}://{parts.netloc}"
+
+    @field_validator("database_url", "worker_database_url")
     @classmethod
     def _database_url(cls, value: SecretStr | None) -> SecretStr | None:
         if value is None:
@@ -296,7 +330,14 @@ VARIABLES: dict[str, str] = {
     str(field.validation_alias): name for name, field in Settings.model_fields.items()
 }
 # Shown with a URL's password masked (TRAINDECK_PUBLIC_URL refuses one, but may be given one).
-SECRETS = frozenset({"DATABASE_URL", "TRAINDECK_PASSWORD_HASH", "TRAINDECK_PUBLIC_URL"})
+SECRETS = frozenset(
+    {
+        "DATABASE_URL",
+        "TRAINDECK_WORKER_DATABASE_URL",
+        "TRAINDECK_PASSWORD_HASH",
+        "TRAINDECK_PUBLIC_URL",
+    }
+)
 
 
 def shown_value(variable: str, value: str) -> str:

@@ -30,7 +30,6 @@ from cloud.bootstrap import (
 from cloud.tpu import (
     CLOUD_PLATFORM_SCOPE,
     COMMON_ACCELERATOR_TYPES,
-    CREDENTIALS_ENV,
     AcceleratorShape,
     CredentialsMissing,
     FoundCredentials,
@@ -54,6 +53,7 @@ from cloud.tpu import (
 )
 from common import config, store
 from common.errors import mask_passwords
+from common.settings import settings
 from dashboard.format import plain
 from dashboard.state import get_engine
 from db import queue
@@ -66,7 +66,6 @@ NODES_REFRESH_S = 15
 STORAGE_ROLE = "roles/storage.objectAdmin"
 STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 OPERATIONS_REFRESH_S = 3
-SOURCE_URL_ENV = "TRAINDECK_SOURCE_URL"
 WORKER_DATABASE_URL_ENV = "TRAINDECK_WORKER_DATABASE_URL"
 # How long each operation usually takes, to draw its progress bar against.
 USUAL_SECONDS = {"create": 180, "delete": 90, "start": 90, "stop": 90}
@@ -87,8 +86,8 @@ CONFIRM_WORDS = {
 
 def _credentials_environment() -> tuple[str, ...]:
     """The settings credentials come from: a change of any of them means a new look-up."""
-    names = (CREDENTIALS_ENV, "GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG")
-    return tuple(os.environ.get(name, "") for name in names)
+    google = ("GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG")  # read by google-auth
+    return (settings().tpu_credentials or "", *(os.environ.get(name, "") for name in google))
 
 
 @st.cache_resource(ttl=600, show_spinner="Looking for Google Cloud credentials…")
@@ -406,13 +405,14 @@ def _bootstrap_settings(name: str) -> BootstrapSettings:
     source, ref = st.columns([3, 1])
     source_url = source.text_input(
         "traindeck source (git URL or .tar.gz URL)",
-        value=os.environ.get(SOURCE_URL_ENV, ""),
+        value=settings().source_url or "",
         key="tpu_new_source",
         help="Where the VM downloads traindeck from; it must reach it.",
     )
     source_ref = ref.text_input("Git branch or tag", value=DEFAULT_SOURCE_REF, key="tpu_new_ref")
     # Shown with its password masked; left as shown, the real one is used.
-    configured = os.environ.get(WORKER_DATABASE_URL_ENV) or config.database_url()
+    worker_url = settings().worker_database_url
+    configured = worker_url.get_secret_value() if worker_url else config.database_url()
     database_url = st.text_input(
         "Database URL for the workers",
         value=printable_url(configured),
@@ -532,8 +532,8 @@ def create_section(vms: TpuVms) -> None:
     def show() -> None:
         st.subheader("Create a TPU VM")
         machine, refusal = _machine_inputs(vms)
-        settings = _bootstrap_settings(machine["name"])
-        problems = settings.problems()
+        bootstrap = _bootstrap_settings(machine["name"])
+        problems = bootstrap.problems()
         script = ""
         if problems:
             st.info(
@@ -542,9 +542,9 @@ def create_section(vms: TpuVms) -> None:
             )
         else:
             # Shown with the database password masked; the node gets it in full.
-            generated = build_startup_script(settings)
+            generated = build_startup_script(bootstrap)
             masked = dataclasses.replace(
-                settings, database_url=printable_url(settings.database_url)
+                bootstrap, database_url=printable_url(bootstrap.database_url)
             )
             preview = build_startup_script(masked)
             digest = hashlib.sha256(preview.encode()).hexdigest()[:12]
@@ -556,7 +556,7 @@ def create_section(vms: TpuVms) -> None:
                 help="Changing a setting above writes a new script and drops your edits.",
             )
             script = _unmask(edited, preview, generated)
-            _storage_access(settings.store_url)
+            _storage_access(bootstrap.store_url)
             st.caption(
                 "The database password is shown as ***; the node gets it in full. The script, "
                 "database URL included, is stored in the node's metadata: anyone who may view "

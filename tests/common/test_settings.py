@@ -61,6 +61,15 @@ GOOD = [
     ("TRAINDECK_SESSION_HOURS", "0.25", "session_hours", 0.25),
     ("TRAINDECK_ALLOWED_USERS", "Ada@Example.com, @navy.mil grace@x.org", "allowed_users",
      frozenset({"ada@example.com", "@navy.mil", "grace@x.org"})),
+    ("TRAINDECK_TPU_API_ENDPOINT", "http://127.0.0.1:8080/", "tpu_api_endpoint",
+     "http://127.0.0.1:8080"),
+    ("TRAINDECK_TPU_API_ENDPOINT", "tpu.googleapis.com", "tpu_api_endpoint",
+     "https://tpu.googleapis.com"),
+    ("TRAINDECK_TPU_CREDENTIALS", " anonymous ", "tpu_credentials", "anonymous"),
+    ("TRAINDECK_TPU_PROJECT", "my-project", "tpu_project", "my-project"),
+    ("TRAINDECK_TPU_ZONE", "us-central2-b", "tpu_zone", "us-central2-b"),
+    ("TRAINDECK_SOURCE_URL", "https://example.com/traindeck.git", "source_url",
+     "https://example.com/traindeck.git"),
 ]  # fmt: skip
 
 
@@ -105,6 +114,10 @@ BAD = [
     ("TRAINDECK_SESSION_HOURS", "0", "a number of hours greater than 0"),
     ("TRAINDECK_ALLOWED_USERS", "ada@example.com, example.org", "e-mail addresses and @domains"),
     ("DATABASE_URL", "mysql://db/traindeck", "sqlite:///PATH or postgresql://"),
+    ("TRAINDECK_WORKER_DATABASE_URL", "mysql://db/traindeck", "sqlite:///PATH or postgresql://"),
+    ("TRAINDECK_TPU_API_ENDPOINT", "ftp://somewhere/v2", "an address like https://"),
+    ("TRAINDECK_TPU_API_ENDPOINT", "http://127.0.0.1:port", "an address like https://"),
+    ("TRAINDECK_TPU_API_ENDPOINT", "https://tpu.googleapis.com/v2", "an address like https://"),
 ]
 
 
@@ -162,6 +175,15 @@ def test_a_bad_database_url_never_shows_its_password(monkeypatch, url: str):
     message = str(raised.value)
     assert message.startswith("DATABASE_URL='") and "is not valid: a database URL" in message
     assert PASSWORD not in message and "***" in message and "ada" in message
+
+
+def test_a_bad_worker_database_url_never_shows_its_password(monkeypatch):
+    monkeypatch.setenv("TRAINDECK_WORKER_DATABASE_URL", f"mysql://ada:{PASSWORD}@db/traindeck")
+    with pytest.raises(SettingsError) as raised:
+        settings()
+    message = str(raised.value)
+    assert message.startswith("TRAINDECK_WORKER_DATABASE_URL='mysql://ada:***@db")
+    assert PASSWORD not in message
 
 
 def test_a_blank_variable_counts_as_unset(monkeypatch):

@@ -24,6 +24,7 @@ from cloud.tpu import (
     load_credentials,
     make_client,
 )
+from common.settings import SettingsError
 from tests.support.fake_tpu_api import FakeTpuApi
 from tests.support.tpu import PROJECT, ZONE
 
@@ -208,9 +209,16 @@ def test_endpoint_setting(monkeypatch: pytest.MonkeyPatch):
     assert tpu_cloud.api_endpoint() == "https://tpu.googleapis.com"
     monkeypatch.setenv("TRAINDECK_TPU_API_ENDPOINT", "http://127.0.0.1:8080/")
     assert tpu_cloud.api_endpoint() == "http://127.0.0.1:8080"
+    monkeypatch.setenv("TRAINDECK_TPU_API_ENDPOINT", "tpu.example.com")
+    assert tpu_cloud.api_endpoint() == "https://tpu.example.com"
     monkeypatch.setenv("TRAINDECK_TPU_API_ENDPOINT", "ftp://somewhere/v2")
-    with pytest.raises(TpuError, match=r"must be an address like https://tpu\.googleapis\.com"):
+    refusal = (
+        "TRAINDECK_TPU_API_ENDPOINT='ftp://somewhere/v2' is not valid: an address like "
+        "https://tpu.googleapis.com or http://127.0.0.1:8080"
+    )
+    with pytest.raises(SettingsError) as caught:
         tpu_cloud.api_endpoint()
+    assert str(caught.value) == refusal
 
 
 def test_anonymous_credentials_never_go_to_google():
