@@ -2,7 +2,8 @@
 
 Each spec field becomes a widget by its type: a choice (Literal) a select box, a bool a
 checkbox, a number a number input with the field's bounds (empty allowed when the field may
-be None), and a number-or-word field (`lr`: a number or "find") a number input plus a checkbox.
+be None), a number-or-word field (`lr`: a number or "find") a number input plus a checkbox,
+a list (`tags`) a text input of comma-separated items, and the note a text area.
 Labels and grouping are a presentation choice made here; a field this module has never heard
 of still appears, under "More", with its description as help.
 """
@@ -44,6 +45,8 @@ LABELS = {
     "priority": "Priority",
     "max_attempts": "Max attempts",
     "time_limit": "Time limit (s)",
+    "tags": "Tags",
+    "note": "Note",
 }
 WORD_LABELS = {("lr", "find"): "Find it first with lr_find, and use its suggestion"}
 SECTIONS = {
@@ -51,7 +54,10 @@ SECTIONS = {
     "Training": ["epochs", "lr", "schedule", "bs", "wd", "grad_accum", "grad_clip"],
     "Where it runs": ["name", "device", "cores", "mixed_precision", "priority", "max_attempts"],
     "Limits": ["time_limit"],
+    "Tags and note": ["tags", "note"],
 }
+# Text fields edited in a text area (several lines).
+TEXT_AREAS = ("note",)
 # Fields the page renders itself (the dataset picker shows counts and sample images).
 RENDERED_BY_PAGE = ("dataset",)
 FLOAT_STEPS = {"lr": 1e-4, "valid_pct": 0.05, "wd": 0.01, "grad_clip": 0.5}
@@ -60,7 +66,7 @@ FLOAT_STEPS = {"lr": 1e-4, "valid_pct": 0.05, "wd": 0.01, "grad_clip": 0.5}
 @dataclass(frozen=True)
 class FieldKind:
     name: str
-    kind: Literal["text", "choice", "bool", "int", "float"]
+    kind: Literal["text", "list", "choice", "bool", "int", "float"]
     optional: bool = False
     choices: tuple[Any, ...] = ()
     words: tuple[str, ...] = ()
@@ -87,7 +93,7 @@ class FieldKind:
             high = "" if self.maximum is None else f"{self.maximum:g}"
             if low or high:
                 parts.append(f"Range: {low} to {high}.")
-        shown_default = "empty" if self.default is None else self.default
+        shown_default = "empty" if self.default in (None, "", ()) else self.default
         parts.append(f"Default: {shown_default}.")
         return " ".join(part for part in parts if part)
 
@@ -124,6 +130,8 @@ def describe(name: str) -> FieldKind:
     words = tuple(str(value) for literal in literals for value in typing.get_args(literal))
     if others == [bool]:
         return FieldKind(kind="bool", **common)
+    if len(others) == 1 and typing.get_origin(others[0]) is tuple:
+        return FieldKind(kind="list", **common)
     if others == [int]:
         return FieldKind(kind="int", words=words, **common)
     if float in others:
@@ -156,6 +164,8 @@ def form_fields() -> dict[str, list[FieldKind]]:
 
 def widget_values(field: FieldKind, value: Any) -> dict[str, Any]:
     """Session-state entries that make the field's widgets show `value`."""
+    if field.kind == "list":
+        return {field.key: ", ".join(value) if isinstance(value, list | tuple) else str(value)}
     if field.words:
         is_word = isinstance(value, str) and value in field.words
         entries: dict[str, Any] = {
@@ -188,6 +198,9 @@ def load_spec(spec: dict[str, Any]) -> list[str]:
         if field is None:
             notes.append(f"`{name}` is no longer a spec field; it was left out.")
             continue
+        if field.kind == "list" and not isinstance(value, list | tuple):
+            notes.append(f"{field.label}: {value!r} is not a list; it was left out.")
+            continue
         if field.kind == "choice" and value not in field.choices:
             notes.append(f"{field.label}: {value!r} is no longer a choice; the default is used.")
             continue
@@ -215,6 +228,8 @@ def render_field(field: FieldKind, problem: str | None) -> None:
         st.checkbox(field.label, key=field.key, help=field.help())
     elif field.kind in ("int", "float"):
         _number_input(field, disabled=uses_word)
+    elif field.name in TEXT_AREAS:
+        st.text_area(field.label, key=field.key, help=field.help())
     else:
         st.text_input(field.label, key=field.key, help=field.help(), disabled=uses_word)
     for word in field.words:

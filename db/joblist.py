@@ -13,8 +13,9 @@ last page of 70,000 jobs costs what the first does.
   priority p (id > i), then the lower priorities: two ranges of the index, not one OR that
   the index cannot narrow.
 
-A name filter (`search`) is a LIKE on the name: it reads jobs, newest first, until the page is
-full, so a rare name costs a scan of the jobs; the other filters are ranges of an index.
+A text filter (`search`, `name`) is a LIKE on the name (and the note): it reads jobs, newest
+first, until the page is full, so a rare word costs a scan of the jobs, as do `dataset` and
+`arch` (fields of the spec); a tag is an EXISTS on the (tag, job_id) index of `job_tags`.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Select, func, or_, select
+from sqlalchemy import Connection, Select, exists, func, or_, select
 
-from db.models import JOB_STATUSES, Job
+from db.models import JOB_STATUSES, Job, JobTag
 
 Order = Literal["newest", "oldest", "next"]
 ORDERS: tuple[Order, ...] = ("newest", "oldest", "next")
@@ -43,14 +44,17 @@ class Cursor:
 class JobFilter:
     """Which jobs a list shows; every field is a condition in SQL.
 
-    `search`: a job number ("12" or "#12") or a piece of the name, in any case; `name`: a
-    piece of the name only; `dataset`: the spec's dataset.
+    `search`: a job number ("12" or "#12") or a piece of the name or of the note, in any
+    case; `name`: a piece of the name only; `dataset`, `arch`: the spec's; `tags`: jobs that
+    carry every one of them.
     """
 
     statuses: tuple[str, ...] = ()
     search: str = ""
     name: str = ""
     dataset: str = ""
+    arch: str = ""
+    tags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = set(self.statuses) - set(JOB_STATUSES)
@@ -69,12 +73,18 @@ class JobFilter:
         text = self.search.strip()
         if text:
             number = job_number(text)
-            by_name = Job.name.icontains(text, autoescape=True)
-            conditions.append(by_name if number is None else or_(Job.id == number, by_name))
+            by_text = or_(
+                Job.name.icontains(text, autoescape=True), Job.note.icontains(text, autoescape=True)
+            )
+            conditions.append(by_text if number is None else or_(Job.id == number, by_text))
         if self.name:
             conditions.append(Job.name.icontains(self.name, autoescape=True))
         if self.dataset:
             conditions.append(Job.spec["dataset"].as_string() == self.dataset)
+        if self.arch:
+            conditions.append(Job.spec["arch"].as_string() == self.arch)
+        for tag in dict.fromkeys(self.tags):
+            conditions.append(exists().where(JobTag.job_id == Job.id, JobTag.tag == tag))
         return conditions
 
 
@@ -159,7 +169,7 @@ def fetch(
 
 
 def count(connection: Connection, filters: JobFilter, order: Order = "newest") -> int:
-    """How many jobs `filters` admit (an index-only count without a name or dataset filter)."""
+    """How many jobs `filters` admit (an index-only count with a status filter alone)."""
     filters = filters.for_order(order)
     statement = select(func.count()).select_from(Job).where(*filters.conditions())
     if filters.statuses and len(set(filters.statuses)) < len(JOB_STATUSES):

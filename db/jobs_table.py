@@ -7,15 +7,16 @@ cost grows with the number of jobs shown, not with the number of metric points.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Connection, Engine, select
 
 from db.engine import read_tx
 from db.ids import one_of
 from db.joblist import EVERY_JOB, Cursor, JobFilter, Order, count, fetch, job_number
+from db.labels import tags_of
 from db.models import Job, Metric
 
 LATEST_METRICS = {
@@ -48,6 +49,8 @@ class JobRow:
     train_loss: float | None
     valid_loss: float | None
     accuracy: float | None
+    note: str = ""
+    tags: tuple[str, ...] = ()
 
     @property
     def progress(self) -> float:
@@ -98,6 +101,7 @@ _COLUMNS = (
     Job.total_epochs,
     Job.total_steps,
     Job.eta_seconds,
+    Job.note,
 )
 
 
@@ -106,6 +110,12 @@ def _columns() -> list[Any]:
         *_COLUMNS,
         *(_latest(name).label(label) for label, name in LATEST_METRICS.items()),
     ]
+
+
+def _job_rows(connection: Connection, rows: list[Any]) -> list[JobRow]:
+    """JobRows of rows of `_columns()`, each with its tags."""
+    tags = tags_of(connection, [row.id for row in rows])
+    return [JobRow(**row._mapping, tags=tags.get(row.id, ())) for row in rows]
 
 
 def job_rows(
@@ -118,7 +128,7 @@ def job_rows(
     if limit is not None:
         statement = statement.limit(limit)
     with read_tx(engine) as connection:
-        return [JobRow(**row._mapping) for row in connection.execute(statement)]
+        return _job_rows(connection, connection.execute(statement).all())
 
 
 @dataclass(frozen=True)
@@ -167,7 +177,8 @@ def job_page(
         else:
             later = beyond
             earlier = bool(rows) and _any_beyond(connection, filters, order, rows[0], back=True)
-    return JobPage([JobRow(**row._mapping) for row in rows], earlier=earlier, later=later)
+        page_rows = _job_rows(connection, rows)
+    return JobPage(page_rows, earlier=earlier, later=later)
 
 
 def _any_beyond(connection: Any, filters: JobFilter, order: Order, row: Any, back: bool = False):
@@ -181,16 +192,18 @@ def jobs_by_id(engine: Engine, job_ids: list[int]) -> list[JobRow]:
         return []
     with read_tx(engine) as connection:
         statement = select(*_columns()).where(one_of(connection, Job.id, job_ids))
-        found = {row.id: JobRow(**row._mapping) for row in connection.execute(statement)}
+        found = {row.id: row for row in _job_rows(connection, connection.execute(statement).all())}
     return [found[job_id] for job_id in dict.fromkeys(job_ids) if job_id in found]
 
 
-def find_jobs(engine: Engine, text: str, limit: int = 50) -> list[JobRow]:
-    """Jobs for a picker: the job numbered `text` ("12" or "#12") first, then the newest whose
-    name holds `text` (any case); the newest jobs when `text` is empty."""
+def find_jobs(
+    engine: Engine, text: str, limit: int = 50, filters: JobFilter = EVERY_JOB
+) -> list[JobRow]:
+    """Jobs for a picker: the job numbered `text` ("12" or "#12") first, then the newest that
+    `filters` admit whose name or note holds `text` (any case); the newest when it is empty."""
     number = job_number(text)
     exact = jobs_by_id(engine, [number]) if number is not None else []
-    rest = job_page(engine, JobFilter(search=text), limit=limit).rows
+    rest = job_page(engine, replace(filters, search=text), limit=limit).rows
     return (exact + [row for row in rest if row.id != number])[:limit]
 
 

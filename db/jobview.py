@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from db.artifacts import list_artifacts
 from db.engine import read_tx
 from db.joblist import EVERY_JOB, Cursor, JobFilter, Order, fetch
+from db.labels import tags_of
 from db.models import Job
 from db.queue import get_job
 from db.telemetry import final_metrics
@@ -23,11 +24,13 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def job_to_dict(job: Any) -> dict[str, Any]:
-    """A Job, or a row of the jobs table's columns, as a dictionary."""
+def job_to_dict(job: Any, tags: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A Job, or a row of the jobs table's columns, with its tags, as a dictionary."""
     return {
         "id": job.id,
         "name": job.name,
+        "tags": list(tags),
+        "note": job.note,
         "status": job.status,
         "priority": job.priority,
         "attempts": job.attempts,
@@ -55,7 +58,9 @@ def job_to_dict(job: Any) -> dict[str, Any]:
 def describe_job(engine: Engine, job_id: int) -> dict[str, Any]:
     """One job with its final metrics and artifacts (what `python -m db show --json` prints)."""
     job = get_job(engine, job_id)
-    described = job_to_dict(job)
+    with read_tx(engine) as connection:
+        tags = tags_of(connection, [job_id]).get(job_id, ())
+    described = job_to_dict(job, tags)
     described["final_metrics"] = final_metrics(engine, [job_id])[job_id]
     described["artifacts"] = [
         {"kind": a.kind, "path": a.path, "bytes": a.bytes, "sha256": a.sha256}
@@ -80,11 +85,12 @@ def iter_jobs(
         size = batch if limit is None else min(batch, limit)
         with read_tx(engine) as connection:
             rows = fetch(connection, _JOB_COLUMNS, filters, order, after, size)
+            tags = tags_of(connection, [row.id for row in rows])
         if not rows:
             return
         finals = final_metrics(engine, [row.id for row in rows])
         for row in rows:
-            item = job_to_dict(row)
+            item = job_to_dict(row, tags.get(row.id, ()))
             item["final_metrics"] = finals[row.id]
             yield item
         if len(rows) < size:

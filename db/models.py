@@ -81,6 +81,8 @@ class Job(Base):
     eta_seconds: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
     cloned_from: Mapped[int | None] = mapped_column(Integer)
+    # A person's Markdown note, edited on the job page; shown as plain text.
+    note: Mapped[str] = mapped_column(Text, default="", server_default="")
 
     __table_args__ = (
         # ix_jobs_claim follows the class: it names a column's order.
@@ -94,6 +96,17 @@ class Job(Base):
 # The index is in that very order, so a claim reads its first entry instead of sorting every
 # queued row; the Jobs page pages through the queue in run order along it too.
 Index("ix_jobs_claim", Job.status, Job.priority.desc(), Job.id)
+
+
+class JobTag(Base):
+    """One free tag of a job (`db.labels`); lists filter by tag along (tag, job_id)."""
+
+    __tablename__ = "job_tags"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(50), primary_key=True)
+
+    __table_args__ = (Index("ix_job_tags_tag_job_id", "tag", "job_id"),)
 
 
 class Metric(Base):

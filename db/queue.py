@@ -117,13 +117,17 @@ def refuse_batch_larger_than_dataset(engine: Engine, spec: JobSpec) -> None:
 
 
 def enqueue(engine: Engine, spec: JobSpec, *, cloned_from: int | None = None) -> int:
-    """Insert an already validated spec as a queued job; wakes idle Postgres workers."""
+    """Insert an already validated spec as a queued job, its tags and note in their own
+    places (`db.labels`); wakes idle Postgres workers."""
+    from db.labels import insert_tags
+
     with write_tx(engine) as connection:
         job_id = connection.execute(
             insert(Job)
             .values(
                 name=spec.display_name,
-                spec=spec.model_dump(mode="json"),
+                spec=spec.stored(),
+                note=spec.note,
                 status="queued",
                 priority=spec.priority,
                 max_attempts=spec.max_attempts,
@@ -133,6 +137,7 @@ def enqueue(engine: Engine, spec: JobSpec, *, cloned_from: int | None = None) ->
             )
             .returning(Job.id)
         ).scalar_one()
+        insert_tags(connection, job_id, spec.tags)
         if not is_sqlite(connection):
             connection.execute(text("SELECT pg_notify(:channel, '')"), {"channel": NOTIFY_CHANNEL})
     return job_id
@@ -389,9 +394,13 @@ def retry(engine: Engine, job_id: int) -> int:
 
 
 def clone(engine: Engine, job_id: int, changes: dict[str, Any] | None = None) -> int:
-    """A new queued job with the spec of `job_id`, with `changes` applied (validated)."""
+    """A new queued job with the spec, tags and note of `job_id`, with `changes` applied
+    (validated)."""
+    from db.labels import job_labels
+
     job = get_job(engine, job_id)
-    return submit(engine, {**job.spec, **(changes or {})}, cloned_from=job_id)
+    labels = job_labels(engine, job_id).model_dump()
+    return submit(engine, {**job.spec, **labels, **(changes or {})}, cloned_from=job_id)
 
 
 def delete_job(engine: Engine, job_id: int) -> None:

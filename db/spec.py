@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -44,6 +46,52 @@ DEVICES = ("auto", "xla", "cuda", "cpu")
 
 MAX_NAME_LENGTH = 200
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+# A note keeps its line breaks and tabs; no other control character.
+_NOTE_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+MAX_TAGS = 20
+MAX_TAG_LENGTH = 50
+MAX_NOTE_LENGTH = 20_000
+# Spec fields kept in their own columns (`db.labels`), editable after submit, not in the stored
+# spec the worker reads.
+LABEL_FIELDS = ("tags", "note")
+
+
+def _tag_list(value: Any) -> tuple[str, ...]:
+    """Tags from a list of them or from one string of comma-separated tags: each stripped and
+    NFC, the empty ones dropped, each kept once, in the order given."""
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, list | tuple):
+        raise ValueError("must be a list of tags, or tags separated by commas")
+    tags: list[str] = []
+    for item in value:
+        if not isinstance(item, str):
+            raise ValueError("must be a list of tags, or tags separated by commas")
+        tag = unicodedata.normalize("NFC", item.strip())
+        if "," in tag:
+            raise ValueError(f"a tag must not contain a comma ({tag!r})")
+        if _CONTROL_CHARS.search(tag):
+            raise ValueError("a tag must not contain control characters")
+        if len(tag) > MAX_TAG_LENGTH:
+            raise ValueError(f"a tag must be at most {MAX_TAG_LENGTH} characters ({tag!r})")
+        if tag and tag not in tags:
+            tags.append(tag)
+    if len(tags) > MAX_TAGS:
+        raise ValueError(f"at most {MAX_TAGS} tags, not {len(tags)}")
+    return tuple(tags)
+
+
+def _note_text(value: str) -> str:
+    value = value.replace("\r\n", "\n").replace("\r", "\n")
+    if _NOTE_CONTROL_CHARS.search(value):
+        raise ValueError("must not contain control characters (line breaks and tabs are fine)")
+    return value.strip()
+
+
+Tags = Annotated[tuple[str, ...], BeforeValidator(_tag_list)]
+Note = Annotated[str, Field(max_length=MAX_NOTE_LENGTH), AfterValidator(_note_text)]
+TAGS_DESCRIPTION = "Free tags to find the job by, separated by commas."
+NOTE_DESCRIPTION = "A note about the job (Markdown source, shown as text)."
 
 
 class SpecError(ValueError):
@@ -152,6 +200,9 @@ class JobSpec(BaseModel):
         "worker's TRAINDECK_CHECKPOINT_INTERVAL. A stop writes the newest epoch's state.",
     )
 
+    tags: Tags = Field((), description=TAGS_DESCRIPTION)
+    note: Note = Field("", description=NOTE_DESCRIPTION)
+
     @field_validator("name", "dataset")
     @classmethod
     def _printable(cls, value: str) -> str:
@@ -236,6 +287,19 @@ class JobSpec(BaseModel):
     def display_name(self) -> str:
         return self.name or f"{self.arch} on {self.dataset}"
 
+    def stored(self) -> dict[str, Any]:
+        """The spec as the jobs table keeps it: without its tags and note (own columns)."""
+        return self.model_dump(mode="json", exclude=set(LABEL_FIELDS))
+
+
+class Labels(BaseModel):
+    """A job's tags and note, as edited after submit (the same rules as the spec's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tags: Tags = Field((), description=TAGS_DESCRIPTION)
+    note: Note = Field("", description=NOTE_DESCRIPTION)
+
 
 FIELD_NAMES: tuple[str, ...] = tuple(JobSpec.model_fields)
 
@@ -256,6 +320,9 @@ def batch_size_problem(bs: int, training_count: int | None, dataset: str) -> str
         f"batch size {bs} is larger than the {training_count} training images of "
         f"dataset {dataset!r}; lower bs"
     )
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
 
 
 def _humanize(error: dict[str, Any]) -> tuple[str, str]:
@@ -300,21 +367,30 @@ def _humanize(error: dict[str, Any]) -> tuple[str, str]:
     return field or "spec", message
 
 
-def parse_spec(data: Any, known_datasets: set[str] | None = None) -> JobSpec:
-    """Validate `data` (a mapping) into a `JobSpec`, or raise `SpecError` naming each field."""
-    if isinstance(data, JobSpec):
-        data = data.model_dump()
+def _validate(model: type[_Model], data: Any, context: dict | None = None) -> _Model:
     if not isinstance(data, dict):
         raise SpecError({"spec": "must be a JSON object of field: value"})
-    context = {"datasets": known_datasets} if known_datasets is not None else None
     try:
-        return JobSpec.model_validate(data, context=context)
+        return model.model_validate(data, context=context)
     except ValidationError as exc:
         problems: dict[str, str] = {}
         for error in exc.errors():
             field, message = _humanize(error)
             problems.setdefault(field, message)
         raise SpecError(problems) from None
+
+
+def parse_spec(data: Any, known_datasets: set[str] | None = None) -> JobSpec:
+    """Validate `data` (a mapping) into a `JobSpec`, or raise `SpecError` naming each field."""
+    if isinstance(data, JobSpec):
+        data = data.model_dump()
+    context = {"datasets": known_datasets} if known_datasets is not None else None
+    return _validate(JobSpec, data, context)
+
+
+def parse_labels(data: Any) -> Labels:
+    """Validate `data` ({tags, note}) into `Labels`, or raise `SpecError` naming each field."""
+    return _validate(Labels, data)
 
 
 def spec_from_json(text: str, known_datasets: set[str] | None = None) -> JobSpec:

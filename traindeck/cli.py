@@ -62,7 +62,12 @@ def _add_spec_flags(parser: argparse.ArgumentParser) -> None:
     for name, field in JobSpec.model_fields.items():
         default = field.default
         help_text = f"{field.description} (default: {default})"
-        if field.annotation is bool:
+        if name == "tags":
+            group.add_argument(
+                "--tag", dest="tags", action="append", default=None, metavar="TAG",
+                help="a tag to find the job by (repeatable; replaces the file's tags)",
+            )  # fmt: skip
+        elif field.annotation is bool:
             group.add_argument(
                 _field_flag(name),
                 dest=name,
@@ -163,9 +168,11 @@ def _jobs_more_hint(args: argparse.Namespace, last: dict[str, Any]) -> str:
     words = [args.prog, "jobs"]
     for status in args.status or ():
         words += ["--status", status]
-    for flag, value in (("--name", args.name), ("--dataset", args.dataset)):
+    for flag, value in (("--name", args.name), ("--dataset", args.dataset), ("--arch", args.arch)):
         if value:
             words += [flag, value]
+    for tag in args.tags or ():
+        words += ["--tag", tag]
     if args.order != "newest":
         words += ["--order", args.order]
     if args.limit is not None:
@@ -181,7 +188,13 @@ def cmd_jobs(engine: Engine, args: argparse.Namespace) -> None:
     and written 500 at a time (`db.jobview.iter_jobs`), as lines or as a JSON array written
     element by element, so that memory stays flat however many jobs there are."""
     limit = None if args.all else (args.limit or DEFAULT_JOBS_SHOWN)
-    filters = JobFilter(tuple(args.status or ()), name=args.name or "", dataset=args.dataset or "")
+    filters = JobFilter(
+        tuple(args.status or ()),
+        name=args.name or "",
+        dataset=args.dataset or "",
+        arch=args.arch or "",
+        tags=tuple(args.tags or ()),
+    )
     after = _jobs_cursor(engine, args)
     jobs = iter_jobs(engine, filters, order=args.order, after=after,
                      limit=None if limit is None else limit + 1)  # fmt: skip
@@ -237,6 +250,8 @@ def cmd_show(engine: Engine, args: argparse.Namespace) -> None:
         return
     progress = job["progress"]
     print(f"job {job['id']}: {job['name']}")
+    if job["tags"]:
+        print(f"  tags:      {', '.join(job['tags'])}")
     print(
         f"  status:    {job['status']}" + (" (cancel requested)" if job["cancel_requested"] else "")
     )
@@ -256,6 +271,8 @@ def cmd_show(engine: Engine, args: argparse.Namespace) -> None:
     if job["error"]:
         print("  error:\n    " + job["error"].strip().replace("\n", "\n    "))
     print("  spec:    " + json.dumps(job["spec"]))
+    if job["note"]:
+        print("  note:\n    " + job["note"].replace("\n", "\n    "))
 
 
 def cmd_cancel(engine: Engine, args: argparse.Namespace) -> None:
@@ -411,6 +428,11 @@ def build_parser(prog: str = "traindeck") -> argparse.ArgumentParser:
     )
     jobs.add_argument("--name", metavar="TEXT", help="only jobs whose name holds TEXT (any case)")
     jobs.add_argument("--dataset", metavar="NAME", help="only jobs training on this dataset")
+    jobs.add_argument("--arch", metavar="NAME", help="only jobs of this architecture")
+    jobs.add_argument(
+        "--tag", dest="tags", action="append", metavar="TAG",
+        help="only jobs tagged TAG (repeatable: jobs with every one)",
+    )  # fmt: skip
     jobs.add_argument(
         "--order",
         choices=ORDERS,

@@ -1,15 +1,22 @@
-"""Compare: several jobs' curves overlaid, with their hyper-parameters and final metrics."""
+"""Compare: several jobs' curves overlaid, with their hyper-parameters and final metrics.
+
+The jobs on offer follow the filters (`dashboard.job_filters`: status, tags, dataset,
+architecture, words of the name or note), kept in the address with the jobs chosen (?jobs=).
+"""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pandas as pd
 import streamlit as st
 
 from dashboard import charts
 from dashboard.format import chart_text
+from dashboard.job_filters import filter_widgets
 from dashboard.state import get_engine
 from db.engine import Engine
-from db.joblist import JobFilter, job_number
+from db.joblist import EVERY_JOB, JobFilter, job_number
 from db.jobs_table import JobRow, find_jobs, job_page, jobs_by_id
 from db.models import JOB_STATUSES
 from db.series import Buckets, snapshot
@@ -21,20 +28,23 @@ PICKER_ROWS = 50  # the newest jobs a search finds; typing more finds any other
 MAX_NAMED = 50  # jobs taken from ?jobs=
 
 
-def default_selection(engine: Engine) -> list[int]:
-    """Jobs named in the address (?jobs=3,5), else the newest few that have started."""
+def default_selection(engine: Engine, filters: JobFilter) -> list[int]:
+    """Jobs named in the address (?jobs=3,5), else the newest few that have started and that
+    the filters admit."""
     raw = st.query_params.get("jobs", "")
     named = [number for part in raw.split(",") if (number := job_number(part)) is not None]
     if named:
         return [row.id for row in jobs_by_id(engine, named[:MAX_NAMED])]
-    started = JobFilter(statuses=tuple(s for s in JOB_STATUSES if s != "queued"))
-    return [row.id for row in job_page(engine, started, limit=DEFAULT_COUNT).rows]
+    started = tuple(s for s in JOB_STATUSES if s != "queued")
+    newest = replace(filters, statuses=filters.statuses or started, search="")
+    return [row.id for row in job_page(engine, newest, limit=DEFAULT_COUNT).rows]
 
 
-def job_options(engine: Engine, default: list[int], search: str) -> list[JobRow]:
-    """The jobs offered: those chosen (however old), then those `search` finds in SQL."""
+def job_options(engine: Engine, default: list[int], filters: JobFilter) -> list[JobRow]:
+    """The jobs offered: those chosen (however old), then those the filters find in SQL."""
     picked = [*st.session_state.get("compare.jobs", []), *default]
-    rows = jobs_by_id(engine, picked) + find_jobs(engine, search, limit=PICKER_ROWS)
+    found = find_jobs(engine, filters.search, PICKER_ROWS, filters)
+    rows = jobs_by_id(engine, picked) + found
     return list({row.id: row for row in rows}.values())
 
 
@@ -51,13 +61,12 @@ def parameters_table(rows: list[JobRow], show_all: bool) -> pd.DataFrame:
 
 
 st.title("Compare jobs")
-default = default_selection(get_engine())
-search = st.text_input(
-    "Find jobs to add", placeholder="a job number or a piece of its name", key="compare.find"
-)
-rows = job_options(get_engine(), default, search)
+st.caption("Jobs to add: filter them here, then pick them below.")
+filters = filter_widgets(get_engine(), "compare", search_key="compare.find")
+default = default_selection(get_engine(), filters)
+rows = job_options(get_engine(), default, filters)
 if not rows:
-    st.info("No job matches." if search.strip() else "No jobs yet.")
+    st.info("No job matches." if filters != EVERY_JOB else "No jobs yet.")
     st.stop()
 by_id = {row.id: row for row in rows}
 chosen = st.multiselect(

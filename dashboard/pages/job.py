@@ -26,8 +26,10 @@ from db.artifacts import list_artifacts
 from db.engine import Engine
 from db.joblist import job_number
 from db.jobs_table import find_jobs, jobs_by_id, progress_fraction
+from db.labels import job_labels, set_labels
 from db.models import FINISHED_STATUSES, Job
 from db.queue import JobNotFound, get_job
+from db.spec import SpecError
 
 REFRESH_S = 2
 LIVE_KEY = "job.live"
@@ -36,6 +38,7 @@ DRAWN_STATUS_KEY = "job.drawn_status"
 LOG_LINES_SHOWN = 300
 PICKER_ROWS = 50
 PICKED_KEY = "job.picked"  # the job the picker put in the address
+LABEL_PROBLEMS_KEY = "job.label_problems"
 
 
 def chosen_job_id() -> int | None:
@@ -118,6 +121,54 @@ def show_failure(job: Job) -> None:
     if len(lines) > 1:
         with st.expander("Traceback", expanded=True):
             st.code(job.error, language="python")
+
+
+# --- tags and note --------------------------------------------------------------------------
+
+
+def labels_part(engine: Engine, job_id: int) -> None:
+    """The job's tags and note, and a form to edit them. The note is shown as the text it is
+    (`plain`): it is a person's Markdown source, and no link, image or HTML comes out of it."""
+    labels = job_labels(engine, job_id)
+    if labels.tags:
+        st.caption("Tags: " + plain(", ".join(labels.tags)))
+    if labels.note:
+        with st.container(border=True):
+            st.markdown(plain(labels.note))
+    keys = _label_keys(job_id)
+    st.session_state.setdefault(keys["tags"], ", ".join(labels.tags))
+    st.session_state.setdefault(keys["note"], labels.note)
+    problems = st.session_state.get(LABEL_PROBLEMS_KEY, {}).get(job_id, {})
+    expander = st.expander("Edit tags and note", expanded=bool(problems))
+    with expander, st.form(f"job.labels.{job_id}"):
+        st.text_input("Tags", help="Separated by commas.", key=keys["tags"])
+        if "tags" in problems:
+            st.error(plain(problems["tags"]), icon=":material/error:")
+        st.text_area("Note", help="Markdown source; shown as text.", key=keys["note"])
+        if "note" in problems:
+            st.error(plain(problems["note"]), icon=":material/error:")
+        st.form_submit_button("Save tags and note", on_click=save_labels, args=(engine, job_id))
+
+
+def _label_keys(job_id: int) -> dict[str, str]:
+    return {"tags": f"job.tags.{job_id}", "note": f"job.note.{job_id}"}
+
+
+def save_labels(engine: Engine, job_id: int) -> None:
+    keys = _label_keys(job_id)
+    changes = {field: st.session_state.get(key, "") for field, key in keys.items()}
+    st.session_state[LABEL_PROBLEMS_KEY] = {}
+    try:
+        labels = set_labels(engine, job_id, changes)
+    except SpecError as exc:
+        st.session_state[LABEL_PROBLEMS_KEY] = {job_id: exc.problems}
+        return
+    except JobNotFound:
+        actions.flash("error", f"Job #{job_id} no longer exists.")
+        return
+    st.session_state[keys["tags"]] = ", ".join(labels.tags)  # as stored: trimmed, each once
+    st.session_state[keys["note"]] = labels.note
+    actions.flash("success", "Saved the tags and the note.")
 
 
 # --- tabs --------------------------------------------------------------------------------
@@ -337,6 +388,7 @@ if job_id is not None:
     st.session_state[DRAWN_STATUS_KEY] = (job.id, job.status)
     st.title(f"#{job.id} · {plain(job.name)}")
     actions.show_flashes()
+    labels_part(engine, job.id)
     actions.render_buttons(engine, job.id, job.status, job.spec, key="job")
     refresh = None if job.status in FINISHED_STATUSES else REFRESH_S
     st.fragment(run_every=refresh)(live_part)(job.id)

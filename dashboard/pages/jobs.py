@@ -1,7 +1,8 @@
 """Jobs: every job with its progress and latest metrics, a page at a time, and what to do
 with one.
 
-Filters (status, a number or a piece of the name) and the order are applied in SQL, and the
+Filters (status, tags, dataset, architecture, a number or words of the name or note;
+`dashboard.job_filters`, kept in the page's address) and the order are applied in SQL, and the
 pages are keyset pages (`db.jobs_table.job_page`): the first, the previous, the next and the
 last page each cost a few index ranges, so every job can be reached however many there are.
 "Next to run" lists the queue in the order workers take it. A page stays anchored where it is
@@ -10,19 +11,16 @@ while the table refreshes: new jobs show on the first page without pushing the o
 
 from __future__ import annotations
 
-from typing import Any
-
 import pandas as pd
 import streamlit as st
 
 from dashboard import actions
 from dashboard.format import between, duration, since
+from dashboard.job_filters import filter_widgets
 from dashboard.nav import JOB_PAGE, NEW_JOB_PAGE
 from dashboard.state import get_engine
-from db.joblist import ORDERS, Cursor, JobFilter, Order
+from db.joblist import EVERY_JOB, ORDERS, Cursor, JobFilter, Order
 from db.jobs_table import JobPage, JobRow, count_jobs, job_page
-from db.models import JOB_STATUSES
-from db.queue import count_by_status
 
 REFRESH_S = 5
 PAGE_SIZES = (25, 50, 100, 200)
@@ -45,6 +43,7 @@ def table(rows: list[JobRow]) -> pd.DataFrame:
         {
             "job": [f"job?job={row.id}" for row in rows],
             "name": [row.name for row in rows],
+            "tags": [", ".join(row.tags) for row in rows],
             "status": [status_text(row) for row in rows],
             "priority": [row.priority for row in rows],
             "progress": [row.progress for row in rows],
@@ -132,7 +131,7 @@ def jobs_view(filters: JobFilter, order: Order, size: int) -> None:
         at = ("first",)
         _go(signature, at)
         page = _read_page(filters, order, size, at)
-    filtered = bool(filters.statuses or filters.search) or order == "next"
+    filtered = filters != EVERY_JOB or order == "next"
     if not page.rows:
         st.info("No jobs" + (" match." if filtered else " yet."))
         st.page_link(NEW_JOB_PAGE, label="Configure a job", icon=":material/add_circle:")
@@ -160,27 +159,13 @@ def jobs_view(filters: JobFilter, order: Order, size: int) -> None:
     actions.render_buttons(engine, job_id, row.status, row.spec, key="jobs")
 
 
-def _status_label(counts: dict[str, Any]) -> Any:
-    return lambda status: f"{status} ({counts.get(status, 0):,})"
-
-
 st.title("Jobs")
-counts = count_by_status(get_engine())
-status_column, search_column, order_column, size_column = st.columns([3, 3, 2, 1])
-chosen = status_column.multiselect(
-    "Status",
-    JOB_STATUSES,
-    format_func=_status_label(counts),
-    placeholder="All statuses",
-    key="jobs.statuses",
-)
-search = search_column.text_input(
-    "Find", placeholder="a job number or a piece of its name", key="jobs.search"
-)
+filters = filter_widgets(get_engine(), "jobs")
+order_column, size_column, _ = st.columns([3, 1, 6])
 order = order_column.selectbox(
     "Order", ORDERS, format_func=ORDER_LABELS.__getitem__, key="jobs.order"
 )
 size = size_column.selectbox("Per page", PAGE_SIZES, index=1, key="jobs.size")
-if order == "next" and chosen and chosen != ["queued"]:
+if order == "next" and filters.statuses and filters.statuses != ("queued",):
     st.caption("The queue holds queued jobs only: the status filter does not apply to it.")
-jobs_view(JobFilter(tuple(chosen), search=search.strip()), order, size)
+jobs_view(filters, order, size)
