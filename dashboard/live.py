@@ -1,7 +1,7 @@
 """What a job page has drawn so far, and fetching only what is newer.
 
 The first refresh reads every series of the job in min/max buckets (`db.series.snapshot`);
-each later one asks for metric rows, XLA reports and log lines with ids above the last ones
+each later one asks for metric rows and XLA reports with ids above the last ones
 seen, and appends them. A series that outgrows twice the bucket budget is merged back down,
 so a page's memory stays bounded however long the job runs.
 """
@@ -13,11 +13,10 @@ from typing import Any
 
 from db.engine import Engine
 from db.series import DEFAULT_MAX_BUCKETS, Buckets, rows_since, snapshot
-from db.telemetry import EventRow, events_since, xla_reports
+from db.telemetry import xla_reports
 
 # More new rows than this in one refresh (a page left alone for a long time): read it afresh.
 MAX_NEW_ROWS = 200_000
-MAX_LOG_LINES = 5_000
 
 
 @dataclass
@@ -29,8 +28,6 @@ class LiveJob:
     xla: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     latest_xla_raw: str = ""
     last_xla_id: int = 0
-    log: list[EventRow] = field(default_factory=list)
-    last_event_id: int = 0
 
     def refresh(self, engine: Engine) -> int:
         """Fetch what is new since the last refresh. Returns how many metric points came."""
@@ -39,10 +36,6 @@ class LiveJob:
             self.xla.append((row.epoch, dict(row.summary or {})))
             self.latest_xla_raw = row.raw
             self.last_xla_id = row.id
-        events = events_since(engine, self.job_id, self.last_event_id)
-        if events:
-            self.log = (self.log + events)[-MAX_LOG_LINES:]
-            self.last_event_id = events[-1].id
         return new_points
 
     def _refresh_metrics(self, engine: Engine) -> int:

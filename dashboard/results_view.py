@@ -28,7 +28,7 @@ from db.engine import Engine
 from db.exports import ArtifactUnavailable, gone_message, read_verified, recorded_artifact
 from db.models import Artifact, Result
 from db.queue import JobNotFound, get_job
-from db.results import get_results
+from db.results import get_results, prediction_count, prediction_page
 
 if TYPE_CHECKING:
     from inference.model import LoadedModel, Prediction
@@ -42,6 +42,7 @@ MAX_CLASSES_WITH_CELL_TEXT = 30
 MAX_TOP_K = 10
 DEFAULT_TOP_K = 3
 CACHED_MODELS = 4
+PREDICTIONS_PAGE = 100
 
 
 # --- figures and tables ---------------------------------------------------------------------
@@ -182,25 +183,27 @@ def render_results(engine: Engine, job_id: int) -> None:
             "runs the model once over the validation set and stores what it finds."
         )
         return
-    result = get_results(engine, job_id)
+    # Without the predictions (one row per validation image): they are read a page at a time.
+    result = get_results(engine, job_id, predictions=False)
     if result is None:
         st.info(
             "No results were stored for this job: it finished before the worker computed "
             "them, or computing them failed (its log says why)."
         )
     else:
-        show_interpretation(result)
+        show_interpretation(engine, result)
     st.subheader("Predict")
     predict_box(engine, job_id, result.classes if result is not None else None)
     st.subheader("Model card")
     model_card_box(engine, job_id)
 
 
-def show_interpretation(result: Result) -> None:
+def show_interpretation(engine: Engine, result: Result) -> None:
+    images = prediction_count(engine, result.job_id)
     columns = st.columns(3)
     columns[0].metric("Validation accuracy", f"{result.accuracy:.2%}")
     columns[1].metric("Validation loss", f"{result.valid_loss:.4f}")
-    columns[2].metric("Validation images", f"{len(result.predictions):,}")
+    columns[2].metric("Validation images", f"{images:,}")
     share = st.toggle(
         "Show each actual class as shares",
         key=f"results.{result.job_id}.share",
@@ -231,15 +234,42 @@ def show_interpretation(result: Result) -> None:
                     for actual, predicted, n in mistakes
                 )
             )
+        job_id = result.job_id
         st.download_button(
             "Validation predictions (CSV)",
-            predictions_csv(result.predictions),
+            # Made when the button is clicked, not at every render of the tab.
+            lambda: predictions_csv(_all_predictions(engine, job_id)),
             file_name=f"job{result.job_id}-predictions.csv",
             mime="text/csv",
             icon=":material/download:",
             key=f"results.{result.job_id}.predictions_csv",
         )
     show_top_losses(result)
+    show_predictions(engine, result.job_id, images)
+
+
+def _all_predictions(engine: Engine, job_id: int) -> list[list[str]]:
+    result = get_results(engine, job_id)
+    return result.predictions if result is not None else []
+
+
+def show_predictions(engine: Engine, job_id: int, images: int) -> None:
+    """Every validation prediction, a page at a time (only that page is read)."""
+    if not images:
+        return
+    pages = -(-images // PREDICTIONS_PAGE)
+    st.markdown("**Validation predictions**")
+    page = st.number_input(
+        f"Page (of {pages:,})", 1, pages, 1, key=f"results.{job_id}.predictions_page"
+    )
+    offset = (int(page) - 1) * PREDICTIONS_PAGE
+    rows = prediction_page(engine, job_id, offset, PREDICTIONS_PAGE)
+    st.caption(f"images {offset + 1:,}–{offset + len(rows):,} of {images:,}")
+    st.dataframe(
+        pd.DataFrame(rows, columns=["path", "actual", "predicted"]),
+        hide_index=True,
+        width="stretch",
+    )
 
 
 def show_top_losses(result: Result) -> None:

@@ -6,12 +6,13 @@ reads them (`dashboard.results_view`); nothing recomputes them at a page view.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from sqlalchemy import Engine, delete, insert, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine, delete, func, insert, select, text
+from sqlalchemy.orm import Session, defer
 
-from db.engine import read_tx, write_tx
+from db.engine import is_sqlite, read_tx, write_tx
 from db.models import Result, utcnow
 
 
@@ -50,9 +51,42 @@ def save_results(
         )
 
 
-def get_results(engine: Engine, job_id: int) -> Result | None:
+def get_results(engine: Engine, job_id: int, *, predictions: bool = True) -> Result | None:
+    """A job's results; without `predictions` (one row per validation image, read in pages by
+    `prediction_page`) that column is not read, and must not be touched."""
+    statement = select(Result).where(Result.job_id == job_id)
+    if not predictions:
+        statement = statement.options(defer(Result.predictions, raiseload=True))
     with read_tx(engine) as connection, Session(bind=connection) as session:
-        result = session.scalar(select(Result).where(Result.job_id == job_id))
+        result = session.scalar(statement)
         if result is not None:
             session.expunge(result)
         return result
+
+
+def prediction_count(engine: Engine, job_id: int) -> int:
+    """How many validation predictions a job's results hold (0 when there are none)."""
+    statement = select(func.json_array_length(Result.predictions)).where(Result.job_id == job_id)
+    with read_tx(engine) as connection:
+        return int(connection.execute(statement).scalar() or 0)
+
+
+# The elements of the predictions array in their order, a page of them: only that page leaves
+# the database (SQLite's json_each, Postgres's json_array_elements).
+_PAGE_SQL = {
+    True: "SELECT e.value FROM results, json_each(results.predictions) AS e "
+    "WHERE results.job_id = :job_id ORDER BY e.key LIMIT :limit OFFSET :offset",
+    False: "SELECT e.value FROM results, json_array_elements(results.predictions) "
+    "WITH ORDINALITY AS e(value, n) WHERE results.job_id = :job_id ORDER BY e.n "
+    "LIMIT :limit OFFSET :offset",
+}
+
+
+def prediction_page(engine: Engine, job_id: int, offset: int, limit: int) -> list[list[str]]:
+    """Rows [path, actual, predicted] `offset` … `offset + limit - 1` of a job's predictions."""
+    statement = text(_PAGE_SQL[is_sqlite(engine)])
+    arguments = {"job_id": job_id, "limit": int(limit), "offset": int(offset)}
+    with read_tx(engine) as connection:
+        values = connection.execute(statement, arguments).scalars()
+        # SQLite hands an element back as JSON text, psycopg as the parsed list.
+        return [json.loads(value) if isinstance(value, str) else value for value in values]

@@ -198,6 +198,51 @@ def events_since(
         return [EventRow(*row) for row in connection.execute(statement)]
 
 
+def _log_filter(job_id: int, query: str) -> list[Any]:
+    conditions = [JobEvent.job_id == job_id]
+    if query:
+        # Matched as plain text, whatever the case: % and _ a person types are not wildcards.
+        conditions.append(func.lower(JobEvent.message).contains(query.lower(), autoescape=True))
+    return conditions
+
+
+def log_page(
+    engine: Engine,
+    job_id: int,
+    limit: int,
+    *,
+    before_id: int | None = None,
+    after_id: int | None = None,
+    query: str = "",
+) -> list[EventRow]:
+    """One page of a job's log, oldest first: the newest `limit` lines (below `before_id` when
+    given), or the oldest `limit` lines above `after_id`; only lines containing `query`. Read
+    by a range on (job_id, id), so a page costs the same at the start and the end of a long log."""
+    statement = select(JobEvent.id, JobEvent.time, JobEvent.level, JobEvent.message).where(
+        *_log_filter(job_id, query)
+    )
+    if after_id is not None:
+        statement = statement.where(JobEvent.id > after_id).order_by(JobEvent.id)
+    else:
+        if before_id is not None:
+            statement = statement.where(JobEvent.id < before_id)
+        statement = statement.order_by(JobEvent.id.desc())
+    with read_tx(engine) as connection:
+        rows = [EventRow(*row) for row in connection.execute(statement.limit(limit))]
+    return rows if after_id is not None else rows[::-1]
+
+
+def log_line_count(
+    engine: Engine, job_id: int, query: str = "", before_id: int | None = None
+) -> int:
+    """Lines of a job's log containing `query` (below `before_id` when given)."""
+    conditions = _log_filter(job_id, query)
+    if before_id is not None:
+        conditions.append(JobEvent.id < before_id)
+    with read_tx(engine) as connection:
+        return int(connection.execute(select(func.count()).where(*conditions)).scalar_one())
+
+
 # --- XLA metrics reports --------------------------------------------------------------------
 
 

@@ -30,12 +30,14 @@ from db.labels import job_labels, set_labels
 from db.models import FINISHED_STATUSES, Job
 from db.queue import JobNotFound, get_job
 from db.spec import SpecError
+from db.telemetry import log_line_count, log_page
 
 REFRESH_S = 2
 LIVE_KEY = "job.live"
 TAB_KEY = "job.tab"
 DRAWN_STATUS_KEY = "job.drawn_status"
 LOG_LINES_SHOWN = 300
+LOG_PAGE_KEY = "job.log_page"  # (job id, the id the page shown ends below: None for the newest)
 PICKER_ROWS = 50
 PICKED_KEY = "job.picked"  # the job the picker put in the address
 LABEL_PROBLEMS_KEY = "job.label_problems"
@@ -296,21 +298,68 @@ def diagnostics_tab(engine: Engine, job: Job, live: LiveJob) -> None:
         st.code(live.latest_xla_raw or "(empty)", language=None)
 
 
+def _log_position(job_id: int) -> int | None:
+    """The id the log page shown ends below, or None for the newest lines (it follows the job)."""
+    saved = st.session_state.get(LOG_PAGE_KEY)
+    return saved[1] if saved and saved[0] == job_id else None
+
+
+def _show_log_from(job_id: int, before_id: int | None) -> None:
+    st.session_state[LOG_PAGE_KEY] = (job_id, before_id)
+
+
+def _show_newer_log(engine: Engine, job_id: int, last_id: int, query: str) -> None:
+    newer = log_page(engine, job_id, LOG_LINES_SHOWN, after_id=last_id, query=query)
+    last_page = len(newer) < LOG_LINES_SHOWN
+    _show_log_from(job_id, None if last_page else newer[-1].id + 1)
+
+
 def log_tab(engine: Engine, job: Job, live: LiveJob) -> None:
-    query = st.text_input("Search the log", key="job.log_search", placeholder="text to find")
-    lines = [
-        f"{event.time:%Y-%m-%d %H:%M:%S} {event.level.upper():7} {event.message}"
-        for event in live.log
-    ]
-    if query:
-        lines = [line for line in lines if query.lower() in line.lower()]
-    if not lines:
+    """The job's log, a page at a time, read from the database at each refresh: the newest
+    page follows a running job; Older and Newer step through the rest, searched in SQL."""
+    query = st.text_input(
+        "Search the log",
+        key="job.log_search",
+        placeholder="text to find",
+        on_change=_show_log_from,
+        args=(job.id, None),
+    )
+    before_id = _log_position(job.id)
+    rows = log_page(engine, job.id, LOG_LINES_SHOWN, before_id=before_id, query=query)
+    if not rows:
         st.caption("No matching lines." if query else "The log is empty so far.")
         return
-    shown = lines[-LOG_LINES_SHOWN:]
+    total = log_line_count(engine, job.id, query)
+    earlier = log_line_count(engine, job.id, query, before_id=rows[0].id)
     matching = f" matching {plain(repr(query))}" if query else ""
-    st.caption(f"{len(shown)} of {len(lines)} lines{matching}")
-    st.code("\n".join(shown), language=None)
+    st.caption(f"lines {earlier + 1:,}–{earlier + len(rows):,} of {total:,}{matching}")
+    older, newer, newest = st.columns([1, 1, 4])
+    older.button(
+        "Older",
+        key="job.log_older",
+        disabled=earlier == 0,
+        on_click=_show_log_from,
+        args=(job.id, rows[0].id),
+    )
+    at_end = earlier + len(rows) == total
+    newer.button(
+        "Newer",
+        key="job.log_newer",
+        disabled=at_end,
+        on_click=_show_newer_log,
+        args=(engine, job.id, rows[-1].id, query),
+    )
+    newest.button(
+        "Newest",
+        key="job.log_newest",
+        disabled=before_id is None,
+        on_click=_show_log_from,
+        args=(job.id, None),
+    )
+    lines = [
+        f"{event.time:%Y-%m-%d %H:%M:%S} {event.level.upper():7} {event.message}" for event in rows
+    ]
+    st.code("\n".join(lines), language=None)
 
 
 def spec_tab(engine: Engine, job: Job, live: LiveJob) -> None:

@@ -15,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 from db import queue
 from db.engine import dispose_engines, write_tx
 from db.models import Worker, utcnow
+from db.telemetry import add_events
 from db.workers import register_worker, worker_heartbeat
 from tests.support import seed
 from tests.support.markdown import shown
@@ -421,7 +422,30 @@ def test_the_log_can_be_searched(sqlite_engine):
     log = at.code[-1].value
     assert "epoch 0 done: valid_loss 1.2" in log
     assert "claimed by worker" not in log
-    assert "1 of 1 lines matching 'VALID_LOSS'" in texts(at)
+    assert "lines 1–1 of 1 matching 'VALID_LOSS'" in texts(at)
+
+
+def test_the_log_is_shown_a_page_at_a_time(sqlite_engine):
+    live = seed.running_job(sqlite_engine)  # three lines: the claim's and two more
+    add_events(sqlite_engine, live.id, [("info", f"line {n}") for n in range(700)])
+    at = show_tab(open_page("pages/job.py", job=live.id), "Log")
+
+    assert "lines 404–703 of 703" in texts(at)
+    assert at.code[-1].value.splitlines()[-1].endswith("line 699")
+    assert button(at, "Newer").disabled and button(at, "Newest").disabled
+
+    button(at, "Older").click().run()
+    assert "lines 104–403 of 703" in texts(at)
+    assert at.code[-1].value.splitlines()[0].endswith("line 100")
+    button(at, "Older").click().run()
+    assert "lines 1–103 of 703" in texts(at)
+    assert "epoch 0 done: valid_loss 1.2" in at.code[-1].value
+    assert button(at, "Older").disabled
+
+    button(at, "Newer").click().run()
+    assert "lines 104–403 of 703" in texts(at)
+    button(at, "Newest").click().run()
+    assert "lines 404–703 of 703" in texts(at)
 
 
 def test_a_malformed_setting_stops_the_page_with_one_line_not_a_traceback(

@@ -81,6 +81,20 @@ def test_results_tab_shows_the_stored_results(trained):
     assert shares.sum(axis=1) == pytest.approx(np.ones(len(stored.classes)))
 
 
+def test_validation_predictions_are_shown_a_page_at_a_time(trained):
+    stored = get_results(trained.engine, trained.job_id).predictions
+    at = open_results(trained, trained.job_id)
+
+    def table() -> list[list[str]]:
+        return at.dataframe[1].value.values.tolist()
+
+    assert table() == stored[:100]
+    assert f"images 1–100 of {len(stored):,}" in [caption.value for caption in at.caption]
+    last = -(-len(stored) // 100)
+    at.number_input(key=f"results.{trained.job_id}.predictions_page").set_value(last).run()
+    assert table() == stored[(last - 1) * 100 :]
+
+
 def test_predict_box_classifies_uploads_and_names_files_that_are_no_images(trained):
     seven = known_digits(trained)["7"]
     at = open_results(trained, trained.job_id)
