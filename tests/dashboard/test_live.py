@@ -6,7 +6,7 @@ import numpy as np
 
 from dashboard import live
 from db import queue
-from db.telemetry import MetricPoint, add_event, write_metrics
+from db.telemetry import MetricPoint, write_metrics
 
 
 def _points(first: int, count: int) -> list[MetricPoint]:
@@ -24,14 +24,12 @@ def test_refresh_appends_new_points_and_merges_buckets_past_the_budget(sqlite_en
     assert state.get("batch/train_loss").is_raw  # 15 steps: within twice the budget
 
     write_metrics(sqlite_engine, job_id, _points(15, 30))
-    add_event(sqlite_engine, job_id, "info", "epoch 1")
     assert state.refresh(sqlite_engine) == 30
 
     series = state.get("batch/train_loss")
     assert len(series) <= 20 and series.point_count == 45
     assert series.low.min() == 0 and series.high.max() == 44
     np.testing.assert_allclose(series.total.sum(), sum(range(45)))
-    assert [event.message for event in state.log][-1] == "epoch 1"
     assert state.refresh(sqlite_engine) == 0
 
 
