@@ -47,12 +47,17 @@ LABELS = {
     "time_limit": "Time limit (s)",
     "tags": "Tags",
     "note": "Note",
+    "monitor": "Watched metric",
+    "early_stop": "Stop early after epochs without improvement",
+    "min_delta": "Smallest improvement that counts",
+    "keep": "Model to keep (last or best epoch)",
 }
 WORD_LABELS = {("lr", "find"): "Find it first with lr_find, and use its suggestion"}
 SECTIONS = {
     "Model and data": ["arch", "pretrained", "img_size", "augment", "valid_pct", "seed"],
     "Training": ["epochs", "lr", "schedule", "bs", "wd", "grad_accum", "grad_clip"],
     "Where it runs": ["name", "device", "cores", "mixed_precision", "priority", "max_attempts"],
+    "Stopping and keeping": ["monitor", "early_stop", "min_delta", "keep"],
     "Limits": ["time_limit"],
     "Tags and note": ["tags", "note"],
 }
@@ -60,7 +65,7 @@ SECTIONS = {
 TEXT_AREAS = ("note",)
 # Fields the page renders itself (the dataset picker shows counts and sample images).
 RENDERED_BY_PAGE = ("dataset",)
-FLOAT_STEPS = {"lr": 1e-4, "valid_pct": 0.05, "wd": 0.01, "grad_clip": 0.5}
+FLOAT_STEPS = {"lr": 1e-4, "valid_pct": 0.05, "wd": 0.01, "grad_clip": 0.5, "min_delta": 0.001}
 
 
 @dataclass(frozen=True)

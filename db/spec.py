@@ -43,6 +43,10 @@ ARCHITECTURES: tuple[str, ...] = (
 SCHEDULES = ("one_cycle", "fine_tune")
 MIXED_PRECISION = ("none", "bf16", "fp16")
 DEVICES = ("auto", "xla", "cuda", "cpu")
+# Epoch metrics a job can watch (early_stop, keep=best) and a sweep can optimise. Losses and
+# error_rate are better lower, accuracies higher (`lower_is_better`).
+EPOCH_METRICS = ("valid_loss", "accuracy", "error_rate", "top5_accuracy", "train_loss")
+KEEP = ("last", "best")
 
 MAX_NAME_LENGTH = 200
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
@@ -202,6 +206,26 @@ class JobSpec(BaseModel):
 
     tags: Tags = Field((), description=TAGS_DESCRIPTION)
     note: Note = Field("", description=NOTE_DESCRIPTION)
+    monitor: Literal[EPOCH_METRICS] = Field(  # type: ignore[valid-type]
+        "valid_loss",
+        description="The epoch metric that early_stop and keep=best watch (top5_accuracy needs "
+        "more than 5 classes).",
+    )
+    early_stop: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="End training, as succeeded, after this many epochs in a row in which "
+        "monitor did not improve; empty to train every epoch.",
+    )
+    min_delta: float = Field(
+        0.0, ge=0, le=1e6, description="How much monitor must improve for an epoch to count."
+    )
+    keep: Literal[KEEP] = Field(  # type: ignore[valid-type]
+        "last",
+        description="Which epoch's model the export and the results use: the last one, or the "
+        "best by monitor.",
+    )
 
     @field_validator("name", "dataset")
     @classmethod
@@ -226,6 +250,8 @@ class JobSpec(BaseModel):
         "max_attempts",
         "time_limit",
         "checkpoint_interval",
+        "early_stop",
+        "min_delta",
         mode="before",
     )
     @classmethod
@@ -302,6 +328,12 @@ class Labels(BaseModel):
 
 
 FIELD_NAMES: tuple[str, ...] = tuple(JobSpec.model_fields)
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a smaller value of an epoch metric is better (fastai's rule in TrackerCallback:
+    a name with 'loss' or 'error' in it)."""
+    return "loss" in metric or "error" in metric
 
 
 def training_images(item_count: int, valid_pct: float) -> int:

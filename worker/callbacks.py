@@ -421,8 +421,10 @@ class StopCallback(Callback):
 class EpochEndCallback(TrainedEpochCallback):
     """Calls `on_epoch_end(global_epoch)` after each trained epoch (checkpointing).
 
-    An error there ends the fit and is kept in `failure` for the caller to raise: fastai would
-    otherwise rewrite its message ("Exception occured in …") on the way out.
+    `on_epoch_end` ends the fit by raising fastai's `CancelFitException` (an early stop, a
+    pruned trial: after the epoch's checkpoint). Any other error there ends the fit too and is
+    kept in `failure` for the caller to raise: fastai would otherwise rewrite its message
+    ("Exception occured in …") on the way out.
     """
 
     order = 90
@@ -437,6 +439,8 @@ class EpochEndCallback(TrainedEpochCallback):
             return
         try:
             self.on_epoch_end(self.clock.global_epoch(self.epoch))
+        except CancelFitException:
+            raise
         except Exception as exc:
             self.failure = exc
             raise CancelFitException() from exc

@@ -47,14 +47,20 @@ def checkpoint_path(job_dir: Path) -> Path:
 
 
 def checkpoint_state(
-    learn: Any, *, epoch: int, lr: float, spec: dict[str, Any], copy: bool = False
+    learn: Any,
+    *,
+    epoch: int,
+    lr: float,
+    spec: dict[str, Any],
+    copy: bool = False,
+    tracker: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The state after global epoch `epoch` (0-based), on the host.
 
     `copy` copies tensors that already live on the CPU too, so that training can go on while
-    the state is written.
+    the state is written. `tracker` is the best-epoch state (worker.best_epoch), kept as given.
     """
-    to_host = _host_copy if copy else to_cpu
+    to_host = host_copy if copy else to_cpu
     return {
         "format": FORMAT_VERSION,
         "model": to_host(learn.model.state_dict()),
@@ -63,10 +69,11 @@ def checkpoint_state(
         "lr": lr,
         "spec": spec,
         "classes": list(learn.dls.vocab),
+        "tracker": tracker,
     }
 
 
-def _host_copy(state: Any) -> Any:
+def host_copy(state: Any) -> Any:
     return apply(lambda o: o.detach().to("cpu", copy=True) if isinstance(o, Tensor) else o, state)
 
 
@@ -131,12 +138,19 @@ class CheckpointWriter:
         self._failure: Exception | None = None
 
     def save(
-        self, learn: Any, *, epoch: int, lr: float, spec: dict[str, Any], last: bool = False
+        self,
+        learn: Any,
+        *,
+        epoch: int,
+        lr: float,
+        spec: dict[str, Any],
+        last: bool = False,
+        tracker: dict[str, Any] | None = None,
     ) -> None:
         """The state after `epoch`: written now if the interval has passed or it is the last
         epoch, else kept in memory for `flush` or the next write."""
         copy = self.background or self.interval_s > 0
-        state = checkpoint_state(learn, epoch=epoch, lr=lr, spec=spec, copy=copy)
+        state = checkpoint_state(learn, epoch=epoch, lr=lr, spec=spec, copy=copy, tracker=tracker)
         if last or self._clock() - self._last_write >= self.interval_s:
             self._write(state)
         else:

@@ -230,6 +230,12 @@ def model_card(
         },
         "classes": classes,
         "final_metrics": metrics,
+        # The epoch (1-based) whose model was exported: the last, or the best by monitor.
+        "kept_epoch": {
+            "epoch": ctx.kept_epoch + 1 if ctx.kept_epoch is not None else None,
+            "keep": ctx.spec.keep,
+            "monitor": ctx.spec.monitor,
+        },
         "versions": package_versions(),
         "export": {
             "file": store.display_name(export.path),

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from fastai.callback.core import TrainEvalCallback
+from fastai.callback.core import CancelFitException, TrainEvalCallback
 from fastai.callback.progress import ProgressCallback
 from fastai.callback.training import GradientAccumulation, GradientClip
 from fastai.learner import Learner, Recorder
@@ -33,6 +33,7 @@ from db.queue import Lease
 from db.spec import JobSpec
 from db.telemetry import LR_FIND, MetricPoint
 from worker import checkpoint, spmd
+from worker.best_epoch import BestEpochTracker
 from worker.callbacks import (
     AutocastCallback,
     DivergenceCallback,
@@ -85,6 +86,8 @@ class TrainingContext:
     writer: TelemetryWriter
     stop: threading.Event
     parent_pid: int | None = None
+    # The global epoch (0-based) whose model was exported: the last, or the best (keep=best).
+    kept_epoch: int | None = None
 
     def db(self, action: Callable[[], T], what: str) -> T:
         """A database call of the job process, tried again while the database is locked or
@@ -328,7 +331,13 @@ def run(ctx: TrainingContext) -> Path:
         len(dls.train),
     )
     learn = build_learner(dls, spec, device, ctx.job_dir, setup.parallel)
+    if spec.monitor == "top5_accuracy" and dls.c <= 5:
+        raise JobFailure(
+            f"monitor top5_accuracy: the dataset has {dls.c} classes, and top-5 accuracy is "
+            "measured with more than 5; watch accuracy instead"
+        )
     clock = TrainingClock(total_epochs(spec), len(dls.train))
+    best = BestEpochTracker(spec, clock)
     learn.add_cbs(
         [
             TelemetryCallback(ctx.writer, clock, device_label),
@@ -345,8 +354,9 @@ def run(ctx: TrainingContext) -> Path:
     resume_from = 0
     found = newest_checkpoint(ctx.job_dir, ctx.lease.job_id, ctx.writer.add_event)
     state, origin = found if found is not None else (None, None)
-    if state is not None and state.get("spec") == spec.model_dump(mode="json"):
+    if state is not None and _same_spec(state.get("spec"), spec):
         checkpoint.restore(learn, state, device)
+        best.restore(state.get("tracker"))
         resume_from = state["epoch"] + 1
         lr = float(state["lr"])
         log.info("resuming from the checkpoint of epoch %d/%d", resume_from, clock.total_epochs)
@@ -379,14 +389,18 @@ def run(ctx: TrainingContext) -> Path:
     )
 
     def on_epoch_end(epoch: int) -> None:
-        last = epoch + 1 == clock.total_epochs
-        checkpoints.save(learn, epoch=epoch, lr=lr, spec=spec.model_dump(mode="json"), last=last)
+        stopping = best.stopped_at is not None
+        last = epoch + 1 == clock.total_epochs or stopping
+        spec_json = spec.model_dump(mode="json")
+        checkpoints.save(learn, epoch=epoch, lr=lr, spec=spec_json, last=last, tracker=best.state())
+        if stopping:
+            raise CancelFitException()  # fastai's way to end a fit, once the checkpoint is kept
 
     epoch_end = EpochEndCallback(clock, on_epoch_end)
     divergence = DivergenceCallback(clock)
-    learn.add_cbs([epoch_end, divergence])
+    learn.add_cbs([epoch_end, divergence, best])
     try:
-        _fit_phases(learn, spec, lr, resume_from, clock, epoch_end, divergence, ctx.stop)
+        _fit_phases(learn, spec, lr, resume_from, clock, epoch_end, divergence, best, ctx.stop)
         checkpoints.wait()  # the last epoch's checkpoint is on disk, or its failure is raised
     except BaseException:
         # Stopped or failed: the write in flight still lands, so a requeued job resumes from
@@ -396,6 +410,7 @@ def run(ctx: TrainingContext) -> Path:
         uploads.wait(timeout=UPLOAD_WAIT_ON_STOP_S)
         uploads.close()
         raise
+    ctx.kept_epoch = keep_epoch(learn, best)
     export = export_model(learn, ctx.job_dir)
     if ctx.stop.is_set():
         export.unlink(missing_ok=True)
@@ -408,6 +423,40 @@ def run(ctx: TrainingContext) -> Path:
     if ctx.stop.is_set():
         raise StopRequested()
     return export
+
+
+def _same_spec(saved: Any, spec: JobSpec) -> bool:
+    """Whether a checkpoint was written for this spec. Compared with the defaults filled in,
+    so a checkpoint written before a field existed still resumes the job."""
+    try:
+        return JobSpec.model_validate(saved).model_dump() == spec.model_dump()
+    except ValueError:
+        return False
+
+
+def keep_epoch(learn: Learner, best: BestEpochTracker) -> int:
+    """Which epoch's model is exported, said in the job's log: the last epoch trained, or with
+    keep=best the best one, whose weights are loaded back into the model."""
+    last = best.stopped_at if best.stopped_at is not None else best.clock.total_epochs - 1
+    if best.stopped_at is not None:
+        log.info("%s", best.stop_line())
+    if not best.keep_best or best.best_epoch is None or best.best_model is None:
+        return last
+    kept = best.best_epoch
+    if kept == last:
+        log.info(
+            "keeping the model of epoch %d, the best by %s and the last", kept + 1, best.metric
+        )
+        return kept
+    learn.model.load_state_dict(best.best_model)
+    log.info(
+        "keeping the model of epoch %d (%s %.4f), the best, not that of the last epoch %d",
+        kept + 1,
+        best.metric,
+        best.best,
+        last + 1,
+    )
+    return kept
 
 
 def checkpoint_interval_s(spec: JobSpec) -> float:
@@ -447,12 +496,16 @@ def _fit_phases(
     clock: TrainingClock,
     epoch_end: EpochEndCallback,
     divergence: DivergenceCallback,
+    best: BestEpochTracker,
     stop: threading.Event,
 ) -> None:
-    """Train every phase of the schedule from global epoch `resume_from` on."""
+    """Train every phase of the schedule from global epoch `resume_from` on, until the end or
+    an early stop."""
     for phase in schedule_phases(spec, lr):
         if phase.end <= resume_from:
             continue
+        if best.stopped_at is not None:
+            break
         set_trainable(learn, phase, keep_state=resume_from > phase.offset)
         clock.epoch_offset = phase.offset
         learn.fit_one_cycle(
