@@ -3,7 +3,8 @@
 This one file plays two parts:
 - `streamlit run` finds the `st.App` assignment below, imports this file as a module and serves
   that ASGI app: the Streamlit pages, the route that streams artifacts from disk
-  (`dashboard.downloads`) and the sign-in pages, all behind the sign-in gate (`dashboard.auth`);
+  (`dashboard.downloads`) and the sign-in pages, all behind the sign-in gate (`dashboard.auth`),
+  and the HTTP API (`dashboard.api`), which checks an API token on every request itself;
 - for every browser session Streamlit then runs this same file as the page script
   (`__name__ == "__main__"`): it builds the navigation and runs the chosen page.
 """
@@ -14,7 +15,7 @@ import streamlit as st
 from starlette.middleware import Middleware
 from streamlit.runtime.pages_manager import PagesManager
 
-from dashboard import auth, downloads
+from dashboard import api, auth, downloads
 from dashboard.nav import build_navigation
 from dashboard.state import require_database, require_settings
 
@@ -39,6 +40,6 @@ else:
     # The sign-in gate stands in front of every route: pages, websocket, media and downloads.
     app = st.App(
         __file__,
-        routes=[*downloads.routes(), *auth.routes()],
+        routes=[*api.routes(), *downloads.routes(), *auth.routes()],
         middleware=[Middleware(auth.SignInGate)],
     )

@@ -17,6 +17,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.concurrency import run_in_threadpool
@@ -99,31 +100,48 @@ async def serve_download(request: Request) -> Response:
                 status_code=403,
                 headers={"Cache-Control": "no-store"},
             )
+    return await stream_file(request, link.url, link.file_name, link.sha256)
+
+
+def _text_problem(message: str, status: int) -> Response:
+    return PlainTextResponse(message, status_code=status)
+
+
+async def stream_file(
+    request: Request,
+    url: str,
+    file_name: str,
+    sha256: str,
+    problem: Callable[[str, int], Response] = _text_problem,
+) -> Response:
+    """The object at `url` (a store URL, or a local path in rows from before the store),
+    streamed in chunks as `file_name` with its SHA-256; the API's downloads use it too, with
+    their own `problem(message, status)` answer for a file that cannot be read."""
     try:
-        size = await run_in_threadpool(store.size, link.url)
+        size = await run_in_threadpool(store.size, url)
     except FileNotFoundError:
-        return _gone(link)
+        return problem(_gone(url, file_name), 410)
     except store.StoreError as exc:
-        if not await run_in_threadpool(store.exists, link.url):
-            return _gone(link)
-        return PlainTextResponse(f"Cannot read {link.file_name}: {exc}", status_code=502)
-    digest = base64.b64encode(bytes.fromhex(link.sha256)).decode("ascii")
+        if not await run_in_threadpool(store.exists, url):
+            return problem(_gone(url, file_name), 410)
+        return problem(f"Cannot read {file_name}: {exc}", 502)
+    digest = base64.b64encode(bytes.fromhex(sha256)).decode("ascii")
     headers = {
         "Repr-Digest": f"sha-256=:{digest}:",
         "Cache-Control": "no-store",
         "Content-Length": str(size),
-        "Content-Disposition": f'attachment; filename="{link.file_name}"',
+        "Content-Disposition": f'attachment; filename="{file_name}"',
     }
     if request.method == "HEAD":
         return Response(media_type="application/octet-stream", headers=headers)
     return StreamingResponse(
-        store.iter_chunks(link.url), media_type="application/octet-stream", headers=headers
+        store.iter_chunks(url), media_type="application/octet-stream", headers=headers
     )
 
 
-def _gone(link: _Link) -> Response:
-    where = "in the store" if store.is_store_url(link.url) else "on this machine"
-    return PlainTextResponse(f"The file {link.file_name} is no longer {where}.", status_code=410)
+def _gone(url: str, file_name: str) -> str:
+    where = "in the store" if store.is_store_url(url) else "on this machine"
+    return f"The file {file_name} is no longer {where}."
 
 
 def routes() -> list[Route]:

@@ -20,6 +20,7 @@ COMPARE_PAGE = "pages/compare.py"
 WORKERS_PAGE = "pages/workers.py"
 DATASETS_PAGE = "pages/datasets.py"
 TPU_VMS_PAGE = "pages/tpu_vms.py"
+SETTINGS_PAGE = "pages/settings.py"
 
 
 def _page_if_present(path: str, title: str, icon: str) -> list[st.Page]:
@@ -42,5 +43,6 @@ def build_navigation() -> st.Page:
             st.Page(WORKERS_PAGE, title="Workers", icon=":material/dns:"),
             *_page_if_present(TPU_VMS_PAGE, "TPU VMs", ":material/memory:"),
         ],
+        "Settings": [st.Page(SETTINGS_PAGE, title="Settings", icon=":material/settings:")],
     }
     return st.navigation({section: pages for section, pages in sections.items() if pages})

@@ -226,3 +226,22 @@ class Result(Base):
     predictions: Mapped[list[Any]]
     accuracy: Mapped[float] = mapped_column(Float)
     valid_loss: Mapped[float] = mapped_column(Float)
+
+
+class ApiToken(Base):
+    """A token of the HTTP API (`db.tokens`): only its SHA-256 is kept, and its first
+    characters (`prefix`) so that a person can tell their tokens apart."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(100))
+    token_sha256: Mapped[str] = mapped_column(String(64))
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_by: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
+
+    __table_args__ = (UniqueConstraint("token_sha256", name="uq_api_tokens_token_sha256"),)

@@ -252,12 +252,15 @@ def _postgres_buckets(
     return [tuple(row) for row in connection.execute(_POSTGRES_BUCKETS_QUERY, parameters)]
 
 
-def _read_series(connection: Connection, job_id: int, name: str, max_buckets: int) -> Buckets:
+def _read_series(
+    connection: Connection, job_id: int, name: str, max_buckets: int | None
+) -> Buckets:
+    """In buckets; point by point when `max_buckets` is None."""
     step_range = _step_range(connection, job_id, name)
     if step_range is None:
         return Buckets.empty()
     low, high = step_range
-    if high - low + 1 <= 2 * max_buckets:
+    if max_buckets is None or high - low + 1 <= 2 * max_buckets:
         return _raw_points(connection, job_id, name)
     width = math.ceil((high - low + 1) / max_buckets)
     read_buckets = _sqlite_buckets if is_sqlite(connection) else _postgres_buckets
@@ -282,11 +285,12 @@ def read_series(
 def snapshot(
     engine: Engine,
     job_id: int,
-    max_buckets: int = DEFAULT_MAX_BUCKETS,
+    max_buckets: int | None = DEFAULT_MAX_BUCKETS,
     names: list[str] | None = None,
 ) -> SeriesSnapshot:
-    """Every series of a job (or those in `names`) as by `read_series`, and the id of the
-    newest row they hold, all from one snapshot of the database."""
+    """Every series of a job (or those in `names`) as by `read_series` (every point when
+    `max_buckets` is None), and the id of the newest row they hold, all from one snapshot of
+    the database."""
     with _snapshot_tx(engine) as connection:
         last_id = _last_metric_id(connection, job_id)
         if names is None:

@@ -425,11 +425,17 @@ def parse_labels(data: Any) -> Labels:
     return _validate(Labels, data)
 
 
-def spec_from_json(text: str, known_datasets: set[str] | None = None) -> JobSpec:
+def json_value(text: str | bytes, field: str = "spec") -> Any:
+    """The JSON value in `text`, or SpecError naming `field` when it is not JSON."""
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise SpecError({"spec": f"is not valid JSON ({exc.msg} at line {exc.lineno})"}) from None
+        raise SpecError({field: f"is not valid JSON ({exc.msg} at line {exc.lineno})"}) from None
+    except UnicodeDecodeError:
+        raise SpecError({field: "is not UTF-8 text"}) from None
     except RecursionError:
-        raise SpecError({"spec": "is nested too deeply to be a job spec"}) from None
-    return parse_spec(data, known_datasets)
+        raise SpecError({field: "is nested too deeply to be a job spec"}) from None
+
+
+def spec_from_json(text: str, known_datasets: set[str] | None = None) -> JobSpec:
+    return parse_spec(json_value(text), known_datasets)

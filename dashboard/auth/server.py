@@ -47,6 +47,10 @@ MAX_FORM_BYTES = 4096
 PUBLIC_PATHS = frozenset(
     {SIGNIN_PATH, SIGNOUT_PATH, "/auth/login", "/auth/logout", "/oauth2callback", "/_stcore/health"}
 )
+# The HTTP API (`dashboard.api`) checks an API token on every request itself, in every mode,
+# and never looks at cookies: the gate lets it through without a sign-in (a browser's cookies
+# would give a cross-site page a way in). Open on loopback the Host check still applies.
+TOKEN_PATH_PREFIX = "/api/"
 
 
 def _safe_next(target: str | None) -> str:
@@ -266,6 +270,12 @@ class SignInGate:
             return
         if scope["path"] in PUBLIC_PATHS:
             await self.app(scope, receive, send)
+            return
+        if scope["type"] == "http" and scope["path"].startswith(TOKEN_PATH_PREFIX):
+            if current.problem:  # nobody gets in until the setting is fixed
+                await self._refuse(HTTPConnection(scope), current)(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
             return
 
         connection = HTTPConnection(scope)
