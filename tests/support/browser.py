@@ -12,7 +12,9 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+# The repository: `python -m dashboard` runs from it, so that it serves this tree's code (from
+# tests/ the editable install's tree would answer `dashboard.__main__` instead).
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 # Root on this machine needs no sandbox; no GPU; no calls home while a test runs.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
