@@ -15,6 +15,7 @@ import streamlit as st
 from starlette.middleware import Middleware
 from streamlit.runtime.pages_manager import PagesManager
 
+from alerts import drain as alerts_drain
 from dashboard import api, auth, downloads
 from dashboard.nav import build_navigation
 from dashboard.state import require_database, require_settings
@@ -37,6 +38,9 @@ else:
     # after a restart, a first visit straight to /job?job=4 would run that page alone,
     # without the navigation, the database check or a sign-in gate.
     PagesManager.uses_pages_directory = False
+    # The server sends alerts from the shared outbox too (each is sent once, by whoever
+    # claims it): a background thread, started once per process.
+    alerts_drain.start_background("dashboard")
     # The sign-in gate stands in front of every route: pages, websocket, media and downloads.
     app = st.App(
         __file__,

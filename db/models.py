@@ -245,3 +245,52 @@ class ApiToken(Base):
     last_used_at: Mapped[datetime | None]
 
     __table_args__ = (UniqueConstraint("token_sha256", name="uq_api_tokens_token_sha256"),)
+
+
+ALERT_EVENTS = ("succeeded", "failed", "diverged", "stopped_early", "recompiling", "worker_lost")
+
+
+class AlertDestination(Base):
+    """Where alerts go (`db.alerts`): an Apprise URL, which holds its secrets (shown only as
+    `shown_url`, masked), and the events it is sent."""
+
+    __tablename__ = "alert_destinations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(100))
+    url: Mapped[str] = mapped_column(Text)
+    shown_url: Mapped[str] = mapped_column(Text)
+    events: Mapped[list[Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("name", name="uq_alert_destinations_name"),)
+
+
+class AlertOutbox(Base):
+    """One alert to send to one destination: written with the change that caused it, sent by
+    whichever process claims it (`claimed_by` until `claimed_until`), retried with back-off."""
+
+    __tablename__ = "alert_outbox"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    event_key: Mapped[str] = mapped_column(String(200))
+    destination_id: Mapped[int] = mapped_column(
+        ForeignKey("alert_destinations.id", ondelete="CASCADE")
+    )
+    event: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[int | None] = mapped_column(Integer)
+    title: Mapped[str] = mapped_column(String(300))
+    body: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime]
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    claimed_until: Mapped[datetime | None]
+    sent_at: Mapped[datetime | None]
+    gave_up_at: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        UniqueConstraint("event_key", "destination_id", name="uq_alert_outbox_event"),
+        Index("ix_alert_outbox_pending", "sent_at", "gave_up_at", "id"),
+    )

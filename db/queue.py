@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import Engine, delete, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
+from db import alerts
 from db.engine import is_sqlite, read_tx, write_tx
 from db.models import FINISHED_STATUSES, Job, JobEvent, utcnow
 from db.spec import JobSpec, SpecError, batch_size_problem, parse_spec
@@ -254,6 +255,7 @@ def finish(engine: Engine, lease: Lease, status: str, error: str | None = None) 
         if result.rowcount != 1:
             return False
         connection.execute(_event(lease.job_id, "error" if status == "failed" else "info", message))
+        alerts.record_finish(connection, lease.job_id, lease.lease, status, error)
     return True
 
 
@@ -302,6 +304,7 @@ def requeue_after_crash(engine: Engine, lease: Lease, reason: str) -> str | None
         ).rowcount
         if failed:
             connection.execute(_event(lease.job_id, "error", f"failed: {reason}"))
+            alerts.record_finish(connection, lease.job_id, lease.lease, "failed", reason)
             return "failed"
     return None
 
@@ -353,6 +356,7 @@ def _recover(engine: Engine, lost: Any, reason: str) -> list[tuple[int, str]]:
             verb = "requeued" if status == "queued" else status
             level = "error" if status == "failed" else "warning"
             connection.execute(_event(job_id, level, f"{verb}: {reason}"))
+            alerts.record_worker_lost(connection, job_id, status, reason)
     return outcomes
 
 

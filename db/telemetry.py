@@ -35,6 +35,7 @@ from typing import Any
 from sqlalchemy import Engine, and_, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 
+from db.alerts import record_log_lines
 from db.engine import is_sqlite, read_tx, write_tx
 from db.ids import one_of
 from db.models import JobEvent, Metric, XlaReport, utcnow
@@ -178,6 +179,7 @@ def add_events(engine: Engine, job_id: int, events: Sequence[tuple[str, str]]) -
     ]
     with write_tx(engine) as connection:
         connection.execute(insert(JobEvent), rows)
+        record_log_lines(connection, job_id, [row["message"] for row in rows])
 
 
 def add_event(engine: Engine, job_id: int, level: str, message: str) -> None:

@@ -29,13 +29,13 @@ from datasets.register import (
     unregister_dataset,
 )
 from datasets.validation import normalize_dataset_name
-from db import queue
+from db import alerts, queue
 from db.datasets import list_datasets
 from db.engine import DatabaseError, Engine, database_problem, get_engine
 from db.joblist import ORDERS, Cursor, JobFilter
 from db.jobview import describe_job, iter_jobs
 from db.migrate import upgrade
-from db.models import JOB_STATUSES
+from db.models import ALERT_EVENTS, JOB_STATUSES
 from db.spec import JobSpec, SpecError, spec_from_json
 
 EXIT_DATABASE_ERROR = 3
@@ -386,6 +386,57 @@ def cmd_dataset_remove(engine: Engine, args: argparse.Namespace) -> None:
         print(f"  deleted {path}")
 
 
+def cmd_alerts_add(engine: Engine, args: argparse.Namespace) -> None:
+    from alerts.destinations import save_destination
+
+    save_destination(engine, args.name, args.url, args.on)
+    shown = next(d for d in alerts.list_destinations(engine) if d.name == args.name.strip())
+    if args.json:
+        _print_json({"name": shown.name, "url": shown.shown_url, "events": shown.events})
+    else:
+        print(f"alerts for {', '.join(shown.events)} go to {shown.name}: {shown.shown_url}")
+
+
+def cmd_alerts_list(engine: Engine, args: argparse.Namespace) -> None:
+    found = alerts.list_destinations(engine)
+    if args.json:
+        _print_json([{"name": d.name, "url": d.shown_url, "events": d.events} for d in found])
+        return
+    if not found:
+        print("no alert destinations; `traindeck alerts add NAME URL --on failed` adds one")
+    for d in found:
+        print(f"{d.name:<20} {', '.join(d.events):<40} {d.shown_url}")
+
+
+def cmd_alerts_remove(engine: Engine, args: argparse.Namespace) -> None:
+    if not alerts.remove_destination(engine, args.name):
+        raise UserError(f"no alert destination named {args.name!r}")
+    if args.json:
+        _print_json({"removed": args.name})
+    else:
+        print(f"removed alert destination {args.name}")
+
+
+def cmd_alerts_log(engine: Engine, args: argparse.Namespace) -> None:
+    rows = alerts.recent_alerts(engine, args.limit or DEFAULT_JOBS_SHOWN)
+    items = [
+        {"id": r.id, "event": r.event, "job": r.job_id, "destination": r.destination,
+         "outcome": r.outcome, "attempts": r.attempts, "created_at": r.created_at.isoformat(),
+         "error": r.last_error}
+        for r in rows
+    ]  # fmt: skip
+    if args.json:
+        _print_json(items)
+        return
+    if not items:
+        print("no alerts yet")
+    for item in items:
+        error = f"  ({item['error']})" if item["error"] and item["outcome"] != "sent" else ""
+        print(f"{item['id']:>5}  {item['event']:<14} job {item['job'] or '-':<6} "
+              f"{item['destination']:<20} {item['outcome']} after {item['attempts']} "
+              f"attempt(s){error}")  # fmt: skip
+
+
 # --- parser ---------------------------------------------------------------------------------
 
 
@@ -512,7 +563,35 @@ def build_parser(prog: str = "traindeck") -> argparse.ArgumentParser:
     remove.add_argument(
         "--force", action="store_true", help="remove it even if queued or running jobs use it"
     )
+    _add_alert_commands(commands)
     return parser
+
+
+def _add_alert_commands(commands: Any) -> None:
+    group = commands.add_parser("alerts", help="where alerts go, for which events; their log")
+    subs = group.add_subparsers(dest="alerts_command", required=True, metavar="COMMAND",
+                                parser_class=Parser)  # fmt: skip
+    parsers = {}
+    for name, handler, help_text in (
+        ("add", cmd_alerts_add, "send alerts for some events to an Apprise URL"),
+        ("list", cmd_alerts_list, "the destinations (their URLs with secrets masked)"),
+        ("remove", cmd_alerts_remove, "remove a destination and its unsent alerts"),
+        ("log", cmd_alerts_log, "the newest alerts and what became of each"),
+    ):
+        sub = subs.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("--json", action="store_true", help="print JSON for scripts")
+        sub.set_defaults(handler=handler)
+        parsers[name] = sub
+    parsers["add"].add_argument("name", help="a name for the destination")
+    parsers["add"].add_argument(
+        "url", help="an Apprise URL: slack://…, discord://…, msteams://…, mailtos://…, "
+        "ntfys://…, json://host/path (a JSON webhook); see Apprise's wiki",
+    )  # fmt: skip
+    parsers["add"].add_argument("--on", action="append", required=True, choices=ALERT_EVENTS,
+                                help="an event to send (repeatable)")  # fmt: skip
+    parsers["remove"].add_argument("name", help="the destination to remove")
+    most = f"at most this many (default {DEFAULT_JOBS_SHOWN})"
+    parsers["log"].add_argument("--limit", type=positive_int, default=None, help=most)
 
 
 def _delegated(argv: list[str]) -> int | None:
@@ -541,7 +620,7 @@ def main(argv: list[str] | None = None, prog: str = "traindeck") -> int:
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except (UserError, queue.JobNotFound, queue.JobStateError) as exc:
+    except (UserError, queue.JobNotFound, queue.JobStateError, alerts.AlertSettingError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except DatabaseError as exc:

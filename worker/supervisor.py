@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, TypeVar
 
+from alerts.drain import Drainer
 from common.errors import first_line
 from common.files import job_dir
 from db import queue, telemetry, workers
@@ -133,6 +134,9 @@ class Supervisor:
             "register this worker",
         )
         log.info("worker %s on %s, polling for jobs", self.options.worker_id, machine)
+        # Every worker sends alerts from the shared outbox too (each is sent once).
+        drainer = Drainer(lambda: self.engine, f"worker:{self.options.worker_id}")
+        drainer.start()
         try:
             while self.shutdown_requests == 0:
                 if self.options.max_jobs is not None and self.jobs_run >= self.options.max_jobs:
@@ -151,6 +155,7 @@ class Supervisor:
                 if self.options.once:
                     break
         finally:
+            drainer.stop()
             self.signal.close()
             self._try(lambda: workers.worker_stopped(self.engine, self.options.worker_id))
         return 0
