@@ -216,3 +216,45 @@ def test_the_cli_adds_lists_logs_and_removes_destinations(sqlite_engine, capsys)
     assert main(["alerts", "remove", "hook"]) == 0
     assert main(["alerts", "remove", "hook"]) == 2
     assert capsys.readouterr().err.endswith("error: no alert destination named 'hook'\n")
+
+
+@pytest.mark.slow
+def test_real_workers_and_dashboards_send_each_alert_once(engine, receiver, tmp_path):
+    """Three `python -m worker` and two `python -m dashboard`, all draining one outbox."""
+    from tests.support.browser import start_dashboard, stop_dashboard
+    from tests.support.workers import output_tail, start_worker, wait_for
+
+    jobs = [finished(engine, name=f"job {i}") for i in range(24)]  # before any worker runs
+    save_destination(engine, "hook", receiver.url, ["succeeded"])
+    workers = [start_worker("--poll-interval", "1", "--worker-id", f"w{i}") for i in range(3)]
+    dashboards = []
+    try:
+        for i in range(2):
+            log = tmp_path / f"dashboard{i}.log"
+            dashboards.append(start_dashboard("127.0.0.1", dict(os.environ), log)[0])
+        with write_tx(engine) as connection:  # the jobs' ends, recorded while all five run
+            for job_id in jobs:
+                alerts.record_finish(connection, job_id, 1, "succeeded", None)
+
+        def all_sent() -> bool:
+            with read_tx(engine) as connection:
+                pending = select(AlertOutbox.id).where(AlertOutbox.sent_at.is_(None))
+                return connection.execute(pending).first() is None
+
+        wait_for(all_sent, 120, "every alert to be sent")
+    finally:
+        for server in dashboards:
+            stop_dashboard(server)
+        for worker in workers:
+            worker.terminate()
+        tails = [output_tail(worker) for worker in workers]
+    expected = sorted(
+        f"traindeck: job #{job_id} (job {i}): succeeded" for i, job_id in enumerate(jobs)
+    )
+    assert sorted(receiver.titles()) == expected, tails
+    with read_tx(engine) as connection:
+        senders = set(connection.execute(select(AlertOutbox.claimed_by)).scalars())
+    assert senders <= {
+        *(f"worker:w{i}" for i in range(3)),
+        *(s for s in senders if s.startswith("dashboard:")),
+    }
