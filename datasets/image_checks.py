@@ -22,7 +22,6 @@ the process that starts it) and lives as long as that process.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -31,6 +30,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.cpus import usable_cpus
 from datasets.labelling import DatasetError
 
 MAX_IMAGE_ENV = "TRAINDECK_IMAGE_MAX_MEGAPIXELS"
@@ -38,8 +38,9 @@ MAX_CHECK_ENV = "TRAINDECK_CHECK_MAX_MEGAPIXELS"
 MEGAPIXEL = 1_000_000
 # Decoding a JPEG at a reduced scale proves it is readable at a fraction of the cost.
 DRAFT_SIZE = (64, 64)
-# Leave a core to the dashboard; at most four checking at once.
-CHECK_PROCESSES = max(1, min(4, (os.cpu_count() or 2) - 1))
+# Leave a core to the dashboard; at most four checking at once; counted from the CPUs this
+# process may use (a container or taskset may allow fewer than the machine has).
+CHECK_PROCESSES = max(1, min(4, usable_cpus() - 1))
 BATCH_IMAGES = 32
 
 ProgressCallback = Callable[[int, int], None]
