@@ -192,6 +192,10 @@ def dataset_archive_key(sha256: str) -> str:
     return f"datasets/{sha256}.tar"
 
 
+def dataset_manifest_key(sha256: str) -> str:
+    return f"datasets/{sha256}.manifest.json.gz"
+
+
 # --- writing --------------------------------------------------------------------------------
 
 

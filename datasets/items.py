@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from datasets import manifest
 from datasets.folders import local_root
 from datasets.labelling import (
     DatasetError,
@@ -61,8 +62,22 @@ def preview_items(
     dataset: Dataset, count: int = 24, seed: int = 0, location: Path | None = None
 ) -> list[tuple[Path, str]]:
     """Up to `count` sample images, taken from every class in turn so each class shows."""
-    by_class: dict[str, list[Path]] = {}
-    for path, label in dataset_items(dataset, location).items:
+    return dataset_preview(dataset, count, seed, location)[0]
+
+
+def dataset_preview(
+    dataset: Dataset, count: int = 24, seed: int = 0, location: Path | None = None
+) -> tuple[list[tuple[Path, str]], dict[str, dict[str, int]] | None]:
+    """Sample images (from every class in turn) and the per-split class counts, read from the
+    dataset's manifest: no folder is listed and no image opened. A row from before manifests
+    is scanned instead."""
+    root = Path(location) if location is not None else local_root(dataset)
+    found = None
+    if dataset.manifest_url and dataset.manifest_sha256:
+        found = manifest.load(dataset.manifest_url, dataset.manifest_sha256)
+    items = found.items(root) if found is not None else dataset_items(dataset, root)
+    by_class: dict[str, list[Path | str]] = {}
+    for path, label in items.items:
         by_class.setdefault(label, []).append(path)
     rng = random.Random(seed)
     queues = {label: rng.sample(paths, len(paths)) for label, paths in sorted(by_class.items())}
@@ -70,8 +85,8 @@ def preview_items(
     while len(chosen) < count and any(queues.values()):
         for label, paths in queues.items():
             if paths and len(chosen) < count:
-                chosen.append((paths.pop(), label))
-    return chosen
+                chosen.append((Path(paths.pop()), label))
+    return chosen, split_counts(items)
 
 
 def split_counts(items: LabelledItems) -> dict[str, dict[str, int]] | None:

@@ -55,7 +55,7 @@ class LabelledItems:
     `is_valid` column). `skipped` names the files left out and why, one line each.
     """
 
-    items: list[tuple[Path, str]]
+    items: list[tuple[Path | str, str]]  # a Path from a scan, a str from a manifest
     is_valid: list[bool] | None = None
     skipped: list[str] = field(default_factory=list)
 

@@ -7,6 +7,7 @@ extraction in `datasets.uploads`.
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import time
@@ -17,7 +18,7 @@ from typing import Any, BinaryIO
 from urllib.parse import urlparse
 
 from common import store
-from datasets import archive
+from datasets import archive, manifest
 from datasets.folders import uploads_dir, url_fetch_dir
 from datasets.items import concrete_rule
 from datasets.labelling import (
@@ -41,12 +42,15 @@ from db.datasets import (
     active_jobs_using,
     archive_in_use,
     get_dataset,
+    manifest_in_use,
     remove_dataset,
     save_dataset,
     update_dataset_contents,
 )
 from db.engine import Engine
 from db.models import Dataset
+
+log = logging.getLogger(__name__)
 
 ARCHIVE_SUFFIXES = (".tgz", ".tar.gz", ".tar", ".zip", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 FASTAI_URL_NAME = re.compile(r"^(?:URLs\.)?([A-Z][A-Z0-9_]*)$")
@@ -94,6 +98,7 @@ def _pack_for_other_machines(name: str, location: str) -> archive.Archive | None
 
 def _insert(engine: Engine, name: str, kind: str, location: str, report: DatasetReport) -> None:
     packed = _pack_for_other_machines(name, location)
+    manifest_url, manifest_sha256 = manifest.save(manifest.build(Path(location), report))
     try:
         save_dataset(
             engine,
@@ -106,6 +111,8 @@ def _insert(engine: Engine, name: str, kind: str, location: str, report: Dataset
             bad_files=sorted(report.bad_files),
             archive_url=packed.url if packed else None,
             archive_sha256=packed.sha256 if packed else None,
+            manifest_url=manifest_url,
+            manifest_sha256=manifest_sha256,
         )
     except DatasetExists as exc:
         raise DatasetError(str(exc)) from None
@@ -301,6 +308,7 @@ def unregister_dataset(engine: Engine, name: str, *, force: bool = False) -> lis
     if owned is not None and owned.exists():
         shutil.rmtree(owned, ignore_errors=True)
         deleted.append(str(owned))
+    _forget_manifest(engine, dataset)
     if dataset.archive_url and not archive_in_use(engine, dataset.archive_sha256):
         try:
             store.delete(dataset.archive_url)
@@ -315,12 +323,25 @@ def unregister_dataset(engine: Engine, name: str, *, force: bool = False) -> lis
 def record_fetched(
     engine: Engine, dataset: Dataset, root: Path, progress: ProgressCallback | None = None
 ) -> DatasetReport:
-    """Check a fetched `url` dataset like a registered folder and store its classes, counts
-    and undecodable files. Raises DatasetError when it cannot train."""
+    """Check a fetched `url` dataset like a registered folder and store its classes, counts,
+    undecodable files and manifest. Raises DatasetError when it cannot train."""
+    return _record_contents(engine, dataset, root, progress)[0]
+
+
+def _record_contents(
+    engine: Engine, dataset: Dataset, root: Path, progress: ProgressCallback | None = None
+) -> tuple[DatasetReport, manifest.Manifest]:
+    """Scan and decode `root` as registration does, and record the result in the dataset's
+    row with a new manifest (the old one leaves the store once no dataset names it)."""
     rule = dict(dataset.label_rule or {"type": "auto"})
     report = inspect_dataset(root, concrete_rule(dataset, root), progress=progress)
     report.raise_problems(dataset.name)
-    rule["detected"] = report.label_rule
+    if rule.get("type") == "auto":
+        rule["detected"] = report.label_rule
+    else:
+        rule = report.label_rule
+    found = manifest.build(root, report)
+    manifest_url, manifest_sha256 = manifest.save(found)
     update_dataset_contents(
         engine,
         dataset.name,
@@ -328,5 +349,44 @@ def record_fetched(
         classes=report.classes,
         class_counts=report.class_counts,
         bad_files=sorted(report.bad_files),
+        manifest_url=manifest_url,
+        manifest_sha256=manifest_sha256,
     )
-    return report
+    if dataset.manifest_sha256 != manifest_sha256:
+        _forget_manifest(engine, dataset)
+    return report, found
+
+
+def _forget_manifest(engine: Engine, dataset: Dataset) -> None:
+    """Remove the manifest `dataset` named from the store once no dataset names it."""
+    if dataset.manifest_url and not manifest_in_use(engine, dataset.manifest_sha256):
+        try:
+            store.delete(dataset.manifest_url)
+        except store.StoreError as exc:
+            log.warning("the old manifest of dataset %r stays in the store: %s", dataset.name, exc)
+
+
+def current_manifest(
+    engine: Engine, dataset: Dataset, root: Path, *, compare: bool
+) -> tuple[manifest.Manifest, str | None]:
+    """The dataset's manifest for its files under `root` on this machine, and a message when
+    the dataset had to be registered again to get it: it had no manifest (registered before
+    manifests existed, or it was lost), or (with `compare`, for a folder read in place) the
+    files differ from it in size or modification time."""
+    found = None
+    if dataset.manifest_url and dataset.manifest_sha256:
+        found = manifest.load(dataset.manifest_url, dataset.manifest_sha256)
+    if found is not None:
+        differences = manifest.changes(found, root) if compare else []
+        if not differences:
+            return found, None
+        why = f"changed since it was registered ({manifest.describe_changes(differences)})"
+    else:
+        why = "has no manifest in the store (registered before manifests, or it was removed)"
+    try:
+        report, found = _record_contents(engine, dataset, root)
+    except DatasetError as exc:
+        raise DatasetError(
+            f"dataset {dataset.name!r} {why}, and it cannot be used now: {exc}"
+        ) from None
+    return found, f"dataset {dataset.name!r} {why}; registered it again: {report.summary()}"

@@ -133,6 +133,11 @@ class DatasetReport:
     modes: dict[str, int] = field(default_factory=dict)
     # Pixels decoded to check the images (bounded by TRAINDECK_CHECK_MAX_MEGAPIXELS).
     decoded_pixels: int = 0
+    # The usable images, relative to `root` with forward slashes, their labels and (for a
+    # fixed split) their flags: what the manifest keeps (`datasets.manifest`).
+    files: list[str] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    valid: list[bool] | None = None
 
     @property
     def classes(self) -> list[str]:
@@ -236,11 +241,14 @@ def inspect_dataset(
     items = scan_items(root, rule)
     modes: Counter[str] = Counter()
     bad, decoded = _find_bad_files(root, items, progress, modes, None) if check_images else ({}, 0)
+    kept_files: list[str] = []
     kept_labels: list[str] = []
     kept_flags: list[bool] = []
     for index, (path, label) in enumerate(items.items):
-        if relative_name(path, root) in bad:
+        relative = relative_name(path, root)
+        if relative in bad:
             continue
+        kept_files.append(relative)
         kept_labels.append(label)
         if items.is_valid is not None:
             kept_flags.append(items.is_valid[index])
@@ -262,6 +270,8 @@ def inspect_dataset(
     report = DatasetReport(root, rule, counts, split_counts, bad, list(items.skipped))
     report.modes = dict(sorted(modes.items(), key=lambda entry: (-entry[1], entry[0])))
     report.decoded_pixels = decoded
+    report.files, report.labels = kept_files, kept_labels
+    report.valid = kept_flags if items.is_valid is not None else None
     report.problems = _problems(report)
     return report
 

@@ -64,6 +64,8 @@ def save_dataset(
     replace: bool = False,
     archive_url: str | None = None,
     archive_sha256: str | None = None,
+    manifest_url: str | None = None,
+    manifest_sha256: str | None = None,
 ) -> None:
     """Add the registry row of a dataset: DatasetExists if the name is taken, unless `replace`,
     which swaps the old row for the new one in the same transaction."""
@@ -79,6 +81,8 @@ def save_dataset(
         "created_at": utcnow(),
         "archive_url": archive_url,
         "archive_sha256": archive_sha256,
+        "manifest_url": manifest_url,
+        "manifest_sha256": manifest_sha256,
     }
     try:
         with write_tx(engine) as connection:
@@ -97,8 +101,11 @@ def update_dataset_contents(
     classes: list[str],
     class_counts: dict[str, int],
     bad_files: list[str],
+    manifest_url: str | None = None,
+    manifest_sha256: str | None = None,
 ) -> bool:
-    """Record what a dataset holds (a `url` dataset once the worker has fetched it)."""
+    """Record what a dataset holds: a `url` dataset once the worker has fetched it, a folder
+    registered again because it changed."""
     with write_tx(engine) as connection:
         result = connection.execute(
             update(Dataset)
@@ -109,6 +116,8 @@ def update_dataset_contents(
                 class_counts=class_counts,
                 item_count=sum(class_counts.values()),
                 bad_files=bad_files,
+                manifest_url=manifest_url,
+                manifest_sha256=manifest_sha256,
             )
         )
         return result.rowcount == 1
@@ -134,5 +143,15 @@ def archive_in_use(engine: Engine, sha256: str) -> bool:
     with read_tx(engine) as connection:
         found = connection.execute(
             select(Dataset.name).where(Dataset.archive_sha256 == sha256).limit(1)
+        )
+        return found.first() is not None
+
+
+def manifest_in_use(engine: Engine, sha256: str) -> bool:
+    """Whether a registered dataset still names the manifest with this SHA-256 (two datasets
+    registered from the same unchanged folder share one)."""
+    with read_tx(engine) as connection:
+        found = connection.execute(
+            select(Dataset.name).where(Dataset.manifest_sha256 == sha256).limit(1)
         )
         return found.first() is not None

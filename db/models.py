@@ -205,6 +205,10 @@ class Dataset(Base):
     # machines fetch (`datasets.archive`); None where the folder is read in place.
     archive_url: Mapped[str | None] = mapped_column(Text, default=None)
     archive_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
+    # What registration found (files, labels, split, sizes and times), kept in the store so
+    # that a job neither scans nor decodes (`datasets.manifest`); None for rows from before it.
+    manifest_url: Mapped[str | None] = mapped_column(Text, default=None)
+    manifest_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
 
 
 class Result(Base):

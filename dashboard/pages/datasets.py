@@ -13,7 +13,7 @@ from common.errors import first_line
 from dashboard.actions import flash, show_flashes
 from dashboard.format import chart_text, plain
 from dashboard.state import require_database
-from datasets.items import dataset_items, preview_items, split_counts
+from datasets.items import dataset_preview
 from datasets.labelling import PETS_LABEL_REGEX, DatasetError
 from datasets.register import (
     Registration,
@@ -156,14 +156,15 @@ def dataset_table(datasets: list[Dataset]) -> None:
 
 @st.cache_data(ttl=60, show_spinner=False)
 def _preview(
-    _engine: Engine, name: str, created_at: str, count: int
+    _engine: Engine, name: str, version: str, count: int
 ) -> tuple[list[tuple[str, str]], dict[str, dict[str, int]] | None]:
-    """Sample images and the per-split class counts; cached per dataset version."""
+    """Sample images and the per-split class counts, from the dataset's manifest (nothing is
+    listed or decoded here); cached per version of the dataset (its manifest)."""
     dataset = get_dataset(_engine, name)
     if dataset is None:
         raise DatasetError(f"dataset {name!r} is no longer registered")
-    samples = [(str(path), label) for path, label in preview_items(dataset, count)]
-    return samples, split_counts(dataset_items(dataset))
+    samples, splits = dataset_preview(dataset, count)
+    return [(str(path), label) for path, label in samples], splits
 
 
 def _thumbnail(path: str):
@@ -220,7 +221,8 @@ def preview(engine: Engine, dataset: Dataset) -> None:
         f"images · labels: {plain(rule.get('type', 'folder'))} · {plain(dataset.location)}"
     )
     try:
-        samples, splits = _preview(engine, dataset.name, str(dataset.created_at), PREVIEW_COUNT)
+        version = dataset.manifest_sha256 or str(dataset.created_at)
+        samples, splits = _preview(engine, dataset.name, version, PREVIEW_COUNT)
     except DatasetError as exc:
         st.info(plain(exc), icon=":material/info:")
         return
