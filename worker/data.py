@@ -1,40 +1,58 @@
-"""fastai DataLoaders for a job, from the labelled images `datasets.items` lists."""
+"""fastai DataLoaders for a job, from the dataset's manifest (`datasets.manifest`).
+
+Before the first batch nothing is listed, decoded or opened: the manifest names the files and
+their labels, and fastai's one-item type probe runs on a blank in-memory image. A file that no
+longer decodes when a batch reads it is skipped and reported (`worker.skipped`).
+"""
 
 from __future__ import annotations
 
+import io
 import logging
-import os
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import torch
-from fastai.data.block import CategoryBlock, DataBlock, TransformBlock
-from fastai.data.core import DataLoaders
-from fastai.data.transforms import IndexSplitter, IntToFloatTensor, ItemGetter, RandomSplitter
+from fastai.data.core import DataLoaders, Datasets, TfmdDL
+from fastai.data.transforms import (
+    Categorize,
+    IndexSplitter,
+    IntToFloatTensor,
+    ItemGetter,
+    RandomSplitter,
+    ToTensor,
+)
+from fastai.torch_core import to_device
 from fastai.vision.augment import Normalize, Resize, aug_transforms
 from fastai.vision.core import PILImage, imagenet_stats
-from PIL import Image
+from fasttransform.cast import explode_types
 
+from common.cpus import usable_cpus
 from datasets.builtin import ensure_digits
+from datasets.folders import local_root
 from datasets.images import open_image
-from datasets.items import dataset_items
 from datasets.labelling import DatasetError, LabelledItems, scan_items
+from datasets.register import current_manifest
 from db.datasets import get_dataset
 from db.engine import Engine
 from db.spec import JobSpec, batch_size_problem, training_images
 from worker.augment import XlaAugment
 from worker.dataset_cache import fetch_archive
-from worker.fetch import load_dataset_items
+from worker.fetch import fetch_url_dataset
+from worker.skipped import OpenOrSkip, SkipRecord
 
 log = logging.getLogger(__name__)
 
+__all__ = ["build_dataloaders", "load_items", "loader_workers", "usable_cpus"]
+
 SMALL_DATASET_ITEMS = 5_000
 MAX_LOADER_WORKERS = 16
+PROBE_PX = 8
 
 
 def load_items(engine: Engine, dataset_name: str) -> LabelledItems:
-    """The dataset's labelled images as files on this machine (fetching a `url` one)."""
+    """The dataset's labelled images as files on this machine, from its manifest (fetching a
+    `url` dataset or an archive first). A folder changed since registration, or a dataset
+    without a manifest, is registered again, and the job's log says so."""
     dataset = get_dataset(engine, dataset_name)
     if dataset_name == "digits" and (dataset is None or dataset.kind == "builtin"):
         # Built in: written on whichever machine trains, wherever the registry says it is.
@@ -42,52 +60,22 @@ def load_items(engine: Engine, dataset_name: str) -> LabelledItems:
     if dataset is None:
         raise DatasetError(f"dataset {dataset_name!r} is not registered")
     if dataset.archive_url:
-        # Packed into the store where it was registered: read from this worker's copy.
-        return dataset_items(dataset, fetch_archive(dataset))
-    return load_dataset_items(dataset, engine)
-
-
-def image_block() -> TransformBlock:
-    """fastai's ImageBlock, reading each file with `open_image` (upright, 8 bits) as
-    predictions and thumbnails do: PILImage.create alone ignores EXIF and clips 16-bit values.
-
-    The export pickles these steps, so `datasets.images.open_image` must stay importable by that
-    name for a model to load."""
-    return TransformBlock(type_tfms=[open_image, PILImage.create], batch_tfms=IntToFloatTensor)
-
-
-def _decodes(path: Path) -> bool:
-    try:
-        with Image.open(path) as image:
-            image.verify()
-        return True
-    except Exception:
-        return False
-
-
-def drop_undecodable(items: LabelledItems) -> LabelledItems:
-    """Leave out files PIL cannot read, so one bad file never stops a job."""
-    paths = [path for path, _ in items.items]
-    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 1) * 2)) as pool:
-        readable = list(pool.map(_decodes, paths))
-    if all(readable):
-        return items
-    kept = [item for item, ok in zip(items.items, readable, strict=True) if ok]
-    flags = None
-    if items.is_valid is not None:
-        flags = [flag for flag, ok in zip(items.is_valid, readable, strict=True) if ok]
-    skipped = items.skipped + [
-        str(path) for path, ok in zip(paths, readable, strict=True) if not ok
-    ]
-    return LabelledItems(kept, flags, skipped)
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on: a container or `taskset` may allow fewer than exist."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        # Packed into the store where it was registered, and checked by its hash.
+        root = fetch_archive(dataset)
+    elif dataset.kind == "url":
+        root = fetch_url_dataset(dataset, engine)
+        dataset = get_dataset(engine, dataset_name) or dataset
+    else:
+        root = local_root(dataset)
+        if not root.is_dir():
+            raise DatasetError(f"dataset {dataset.name!r}: folder {root} does not exist here")
+    manifest, message = current_manifest(engine, dataset, root, compare=not dataset.archive_url)
+    if message:
+        log.warning("%s", message)
+    items = manifest.items(root)
+    if len(items.classes) < 2:
+        raise DatasetError(f"dataset {dataset.name!r} has fewer than 2 classes at {root}")
+    return items
 
 
 def loader_workers(item_count: int, cpus: int | None = None) -> int:
@@ -111,7 +99,50 @@ def augmentation(spec: JobSpec, device: torch.device) -> list[Any]:
     return aug_transforms(size=spec.img_size)
 
 
-def build_dataloaders(items: LabelledItems, spec: JobSpec, device: torch.device) -> DataLoaders:
+def _blank_png() -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (PROBE_PX, PROBE_PX)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _set_up(dsets: Datasets, sample: tuple[Any, ...]) -> None:
+    """fastai's `TfmdLists.setup`, which runs the first training item through the type
+    transforms to learn their types, with `sample` in its place (a blank in-memory image and
+    a real label): the types are the same, and no file of the dataset is opened."""
+    for part in dsets.tls:
+        # Not on the training part: no step learns from the data (the classes are given), and
+        # that part would be a copy of every training item.
+        part.tfms.setup(part, train_setup=False)
+        part.types, x = [], sample
+        for step in part.tfms.fs:
+            part.types.append(getattr(step, "input_types", type(x)))
+            x = step(x)
+        part.types.append(type(x))
+
+
+def _probe_types(dl: TfmdDL, dsets: Datasets, sample: tuple[Any, ...]) -> None:
+    """What fastai's `TfmdDL._one_pass` learns from the first item (the batch's types, and
+    how many are inputs), learnt from `sample` instead."""
+    item = tuple(part.tfms(sample) for part in dsets.tls)
+    done = dl.after_batch(to_device(dl.do_batch([dl.after_item(item)]), dl.device))
+    dl._n_inp = 1 if not isinstance(done, (list, tuple)) or len(done) == 1 else len(done) - 1
+    dl._types = explode_types(done)
+
+
+def build_dataloaders(
+    items: LabelledItems,
+    spec: JobSpec,
+    device: torch.device,
+    record: SkipRecord | None = None,
+) -> DataLoaders:
+    """The job's training and validation DataLoaders, as fastai's ImageBlock and CategoryBlock
+    make them, built without opening a file. Each image is read by `open_image` (upright, 8
+    bits), as predictions and thumbnails read it (PILImage.create alone ignores EXIF and clips
+    16-bit values); with `record`, a file that does not decode then is skipped and recorded
+    there (`worker.skipped`). The export pickles these steps, so
+    `datasets.images.open_image` must stay importable by that name for a model to load."""
     if len(items.items) < 2 or len(items.classes) < 2:
         raise DatasetError(
             f"dataset {spec.dataset!r} needs at least 2 classes of readable images; found "
@@ -129,20 +160,22 @@ def build_dataloaders(items: LabelledItems, spec: JobSpec, device: torch.device)
     if problem:
         raise DatasetError(problem)
     batch_tfms = augmentation(spec, device) if spec.augment else []
-    batch_tfms.append(Normalize.from_stats(*imagenet_stats))
-    block = DataBlock(
-        blocks=(image_block(), CategoryBlock),
-        get_items=lambda _source: all_items,
-        get_x=ItemGetter(0),
-        get_y=ItemGetter(1),
-        splitter=splitter,
-        item_tfms=Resize(spec.img_size),
-        batch_tfms=batch_tfms,
-    )
-    dls = block.dataloaders(
-        None,
+    opener = OpenOrSkip(record) if record is not None else open_image
+    # The classes given: fastai would otherwise read every label to find them.
+    tfms = [[ItemGetter(0), opener, PILImage.create], [ItemGetter(1), Categorize(items.classes)]]
+    dsets = Datasets(all_items, tfms, splits=splitter(all_items), do_setup=False)
+    sample = (_blank_png(), all_items[0][1])
+    _set_up(dsets, sample)
+    train = TfmdDL(
+        dsets.subset(0),
         bs=spec.bs,
+        shuffle=True,
+        drop_last=True,
         device=device,
         num_workers=loader_workers(len(all_items)),
+        after_item=[Resize(spec.img_size), ToTensor()],
+        after_batch=[IntToFloatTensor(), *batch_tfms, Normalize.from_stats(*imagenet_stats)],
     )
-    return dls
+    _probe_types(train, dsets, sample)
+    valid = train.new(dsets.subset(1), bs=spec.bs, shuffle=False, drop_last=False, n=None)
+    return DataLoaders(train, valid, path=".", device=device)

@@ -37,6 +37,7 @@ from db.models import utcnow
 from db.results import save_results
 from db.telemetry import final_metrics
 from worker.outputs import publish
+from worker.skipped import skipped_files
 
 if TYPE_CHECKING:
     from worker.training import TrainingContext
@@ -141,13 +142,19 @@ def interpret(learn: Learner, stop: threading.Event) -> Interpretation | None:
     with learn.removed_cbs(recorders):
         probabilities, targets, losses = (
             tensor.as_subclass(torch.Tensor)
-            for tensor in learn.get_preds(dl=dl, with_loss=True, cbs=[_StopCheck(stop)])
+            # Not reordered: unshuffled, the batches come in the items' order, less any file
+            # skipped because it no longer decodes (fastai's reordering assumes none is).
+            for tensor in learn.get_preds(
+                dl=dl, with_loss=True, reorder=False, cbs=[_StopCheck(stop)]
+            )
         )
     decoded = probabilities.argmax(dim=1)
     interpretation = ClassificationInterpretation(learn, dl, losses)
     classes = [str(label) for label in interpretation.vocab]
     confusion = confusion_matrix(targets, decoded, len(classes)).tolist()
-    items = list(dl.items)
+    # A file skipped because it no longer decodes (`worker.skipped`) has no prediction.
+    skipped = skipped_files(dl)
+    items = [item for item in dl.items if _item_path(item) not in skipped]
     predictions = [
         [_item_path(item), classes[actual], classes[predicted]]
         for item, actual, predicted in zip(items, targets.tolist(), decoded.tolist(), strict=True)

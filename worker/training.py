@@ -46,13 +46,15 @@ from worker.callbacks import (
     XlaStepCallback,
 )
 from worker.checkpoint_upload import CheckpointUploader, newest_checkpoint, remove_uploaded
-from worker.data import build_dataloaders, drop_undecodable, load_items
+from worker.data import build_dataloaders, load_items
 from worker.device_values import DeviceValuesCallback
 from worker.failpoints import EXPORT_TMP_WRITTEN, any_armed, failpoint
 from worker.outputs import publish
 from worker.prefetch import PrefetchCallback
 from worker.reporter import TelemetryWriter
 from worker.results import record_results
+from worker.skipped import RECORD_NAME as SKIP_RECORD_NAME
+from worker.skipped import SkippedFilesCallback, SkipRecord
 from worker.spmd import DataParallel
 
 log = logging.getLogger(__name__)
@@ -316,13 +318,10 @@ def run(ctx: TrainingContext) -> Path:
             spec.bs,
         )
 
-    items = drop_undecodable(
-        ctx.db(lambda: load_items(ctx.engine, spec.dataset), "read the dataset")
-    )
-    if items.skipped:
-        shown = ", ".join(items.skipped[:10]) + (" …" if len(items.skipped) > 10 else "")
-        log.warning("skipping %d file(s) that cannot be decoded: %s", len(items.skipped), shown)
-    dls = build_dataloaders(items, spec, device)
+    # From the dataset's manifest: nothing is scanned or decoded before the first batch.
+    items = ctx.db(lambda: load_items(ctx.engine, spec.dataset), "read the dataset")
+    skipped = SkipRecord(ctx.job_dir / SKIP_RECORD_NAME)
+    dls = build_dataloaders(items, spec, device, skipped)
     log.info(
         "%d training and %d validation images, %d classes, %d batches per epoch",
         len(dls.train_ds),
@@ -342,6 +341,7 @@ def run(ctx: TrainingContext) -> Path:
         [
             TelemetryCallback(ctx.writer, clock, device_label),
             StopCallback(ctx.stop, ctx.parent_pid),
+            SkippedFilesCallback(skipped),
         ]
     )
     if device.type == "xla":
