@@ -1,10 +1,11 @@
 """Scale benchmark: what a claim, a `traindeck jobs` and a metric read cost with a small and a
-large table, on SQLite and Postgres. Prints figures and ratios (large / small); never fails on
-timing.
+large table, on SQLite and Postgres, and what a worker does before a job's first batch with a
+small and a large dataset. Prints figures and ratios (large / small); never fails on timing.
 
     .venv/bin/python -m bench.scale [--backends sqlite,postgres] [--small-queue 200]
         [--large-queue 70000] [--small-jobs 220] [--large-jobs 70000] [--points 1000000]
-        [--repeats 5]
+        [--repeats 5] [--only claim,jobs,metrics,prep] [--small-images 10000]
+        [--large-images 200000] [--prep-dir /tmp/traindeck-scale]
 
 - claim: p50 of in-process `db.queue.claim` with a queue of --small-queue and of --large-queue
   queued jobs (the claims alternate between the two databases). Target: ratio <= 1.5.
@@ -14,6 +15,13 @@ timing.
   jobs but whose memory must not. Targets: time ratio <= 1.5, memory flat.
 - final_metrics: p50 of one job with --points metric points against one with 300, both in the
   same table and both of 20 epochs (they differ by their batch points). Target: ratio <= 2.
+- prep: the worker's preparation before the first batch (`worker.data.load_items` and
+  `build_dataloaders`: the dataset's manifest read and checked against the folder's sizes and
+  times, the DataLoaders built) in a fresh process, with folder datasets of --small-images and
+  --large-images 32-px PNGs in 10 classes; the images PIL opened before the first batch, and the
+  memory the preparation adds (resident, kept after it) beside the manifest's own size. Targets:
+  under 5 s at the large size, no image opened. The folders (and their registration, which
+  decodes every image once) are made once under --prep-dir and reused.
 Each pair is measured interleaved (small, large, small, …) so that drift in the machine's load
 falls on both sides.
 """
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -283,6 +292,168 @@ def bench_final_metrics(backend: str, folder: Path, args: argparse.Namespace) ->
     )
 
 
+# --- a worker's preparation before the first batch -----------------------------------------
+
+PREP = """
+import json, os, resource, sys, time
+from pathlib import Path
+import torch
+from PIL import Image
+from db.engine import create_db_engine
+from db.spec import JobSpec
+from worker.data import build_dataloaders, load_items
+from worker.skipped import SkipRecord
+
+opened = []
+real_open = Image.open
+def counting_open(source, *args, **kwargs):
+    if isinstance(source, (str, os.PathLike)):  # a file; fastai's type probe reads a blank
+        opened.append(source)                    # image in memory
+    return real_open(source, *args, **kwargs)
+Image.open = counting_open
+
+def resident() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+engine = create_db_engine()
+spec = JobSpec(dataset=sys.argv[1], bs=64, img_size=32, device="cpu", augment=False)
+record = SkipRecord(Path(sys.argv[2]))
+before = resident()
+started = time.perf_counter()
+items = load_items(engine, sys.argv[1])
+dls = build_dataloaders(items, spec, torch.device("cpu"), record)
+prep_s = time.perf_counter() - started
+added = resident() - before
+opened_before = len(opened)
+dls.train.one_batch()
+print("BENCH " + json.dumps({"prep_s": prep_s, "added_mb": added / 1e6, "items": len(items.items),
+      "opened_before": opened_before, "opened_first_batch": len(opened) - opened_before}),
+      file=sys.stderr)
+"""
+
+REGISTER = """
+import gzip, sys
+from pathlib import Path
+from datasets import manifest
+from datasets.register import register_folder
+from db.datasets import get_dataset
+from db.engine import create_db_engine
+from db.migrate import upgrade
+engine = create_db_engine()
+upgrade(engine)
+if get_dataset(engine, sys.argv[1]) is None:
+    register_folder(engine, sys.argv[1], sys.argv[2])
+dataset = get_dataset(engine, sys.argv[1])
+found = manifest.load(dataset.manifest_url, dataset.manifest_sha256)
+data = manifest.encode(found)
+print(len(data), len(gzip.decompress(data)))
+"""
+
+
+def prep_env(home: Path) -> dict[str, str]:
+    data = home / "data"
+    return {
+        **os.environ,
+        "TRAINDECK_DATA": str(data),
+        "DATABASE_URL": f"sqlite:///{data / 'bench.db'}",
+        "PYTHONPATH": str(REPO),
+    }
+
+
+def ensure_images(folder: Path, count: int) -> None:
+    """`count` 32-px PNGs in 10 class folders, written once (a marker says they are whole)."""
+    marker = folder / ".complete"
+    if marker.is_file() and marker.read_text() == str(count):
+        return
+    from PIL import Image
+
+    staging = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    for index in range(count):
+        label = index % 10
+        if index < 10:
+            (staging / f"class{label}").mkdir(parents=True)
+        shade = (index // 10) % 256
+        image = Image.new("RGB", (32, 32), (25 * label, shade, 255 - shade))
+        image.save(staging / f"class{label}" / f"{index:07d}.png", compress_level=1)
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)
+    marker.write_text(str(count))
+
+
+def registered(home: Path, name: str, folder: Path) -> tuple[int, int]:
+    """Register `folder` once in the bench's database; the manifest's stored size (gzipped
+    JSON) and its size as plain JSON, in bytes."""
+    done = subprocess.run(
+        [sys.executable, "-c", REGISTER, name, str(folder)],
+        env=prep_env(home),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"registering {folder} failed: {done.stderr[-2000:]}")
+    stored, plain = done.stdout.split()
+    return int(stored), int(plain)
+
+
+def run_prep(home: Path, name: str) -> dict:
+    record = home / "skipped.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", PREP, name, str(record)],
+        env=prep_env(home),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    if "BENCH " not in done.stderr:
+        raise RuntimeError(f"the preparation of {name} failed: {done.stderr[-2000:]}")
+    return json.loads(done.stderr.rsplit("BENCH ", 1)[1])
+
+
+def bench_prep(args: argparse.Namespace) -> None:
+    home = Path(args.prep_dir)
+    sizes = (args.small_images, args.large_images)
+    manifests = {}
+    for count in sizes:
+        folder = home / "data" / f"images-{count}"
+        ensure_images(folder, count)
+        manifests[count] = registered(home, f"images-{count}", folder)
+    small, large = interleaved(
+        lambda: run_prep(home, f"images-{sizes[0]}"),
+        lambda: run_prep(home, f"images-{sizes[1]}"),
+        args.repeats,
+    )
+
+    def median(runs: list[dict], key: str) -> float:
+        return statistics.median(run[key] for run in runs)
+
+    what = f"worker prep before the first batch ({sizes[0]:,} vs {sizes[1]:,} images)"
+    seconds = median(large, "prep_s")
+    print(
+        f"{what}: small {median(small, 'prep_s'):.2f} s large {seconds:.2f} s ratio "
+        f"{seconds / median(small, 'prep_s'):.1f} (target at {sizes[1]:,}: under 5 s: "
+        f"{'ok' if seconds < 5 else 'ABOVE TARGET'})"
+    )
+    opened = max(run["opened_before"] for run in small + large)
+    print(
+        f"images opened before the first batch: {opened} (target 0: "
+        f"{'ok' if opened == 0 else 'ABOVE TARGET'}); by the first batch of 64: "
+        f"{max(run['opened_first_batch'] for run in small + large)}"
+    )
+    for count, runs in zip(sizes, (small, large), strict=True):
+        stored, plain = manifests[count]
+        print(
+            f"memory the prep adds at {count:,} images: {median(runs, 'added_mb'):.1f} MB "
+            f"resident; the manifest: {stored / 1e6:.1f} MB stored (gzip), "
+            f"{plain / 1e6:.1f} MB as JSON",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="sqlite,postgres")
@@ -292,10 +463,15 @@ def main() -> None:
     parser.add_argument("--large-jobs", type=int, default=70_000)
     parser.add_argument("--points", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--only", default="claim,jobs,metrics", help="which parts to run")
+    parser.add_argument("--small-images", type=int, default=10_000)
+    parser.add_argument("--large-images", type=int, default=200_000)
+    parser.add_argument("--prep-dir", default="/tmp/traindeck-scale")
+    parser.add_argument("--only", default="claim,jobs,metrics,prep", help="which parts to run")
     args = parser.parse_args()
     parts = args.only.split(",")
-    print("scale benchmark: small vs large tables; ratio = large / small", flush=True)
+    print("scale benchmark: small vs large; ratio = large / small", flush=True)
+    if "prep" in parts:
+        bench_prep(args)
     with tempfile.TemporaryDirectory() as tmp:
         for backend in args.backends.split(","):
             if "claim" in parts:
