@@ -1,5 +1,5 @@
-"""The labelled images of a registered dataset, as the worker trains on them and the dashboard
-previews them.
+"""The labelled images of a registered dataset: the Datasets page's preview (from the
+manifest, `datasets.manifest`), and a scan of its folder for a row from before manifests.
 """
 
 from __future__ import annotations

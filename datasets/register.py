@@ -308,7 +308,8 @@ def unregister_dataset(engine: Engine, name: str, *, force: bool = False) -> lis
     if owned is not None and owned.exists():
         shutil.rmtree(owned, ignore_errors=True)
         deleted.append(str(owned))
-    _forget_manifest(engine, dataset)
+    if _forget_manifest(engine, dataset):
+        deleted.append(dataset.manifest_url)
     if dataset.archive_url and not archive_in_use(engine, dataset.archive_sha256):
         try:
             store.delete(dataset.archive_url)
@@ -357,13 +358,17 @@ def _record_contents(
     return report, found
 
 
-def _forget_manifest(engine: Engine, dataset: Dataset) -> None:
-    """Remove the manifest `dataset` named from the store once no dataset names it."""
-    if dataset.manifest_url and not manifest_in_use(engine, dataset.manifest_sha256):
-        try:
-            store.delete(dataset.manifest_url)
-        except store.StoreError as exc:
-            log.warning("the old manifest of dataset %r stays in the store: %s", dataset.name, exc)
+def _forget_manifest(engine: Engine, dataset: Dataset) -> bool:
+    """Remove the manifest `dataset` named from the store once no dataset names it; whether
+    it was removed."""
+    if not dataset.manifest_url or manifest_in_use(engine, dataset.manifest_sha256):
+        return False
+    try:
+        store.delete(dataset.manifest_url)
+    except store.StoreError as exc:
+        log.warning("the manifest of dataset %r stays in the store: %s", dataset.name, exc)
+        return False
+    return True
 
 
 def current_manifest(

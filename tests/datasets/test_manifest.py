@@ -10,7 +10,7 @@ from pathlib import Path
 from common import cpus, store
 from datasets import manifest
 from datasets.items import dataset_items, dataset_preview
-from datasets.register import register_csv, register_folder
+from datasets.register import register_csv, register_folder, unregister_dataset
 from db.datasets import get_dataset
 from tests.support.images import make_csv_dataset, make_split_dataset, write_corrupt_png
 from tests.support.reads import watch_reads
@@ -51,6 +51,19 @@ def test_the_preview_reads_the_manifest_and_lists_no_folder(engine, data_dir, mo
     assert splits == {"train": {"cat": 5, "dog": 5}, "valid": {"cat": 2, "dog": 2}}
     assert [label for _, label in samples] == ["cat", "dog"] * 3
     assert all(path.is_file() and path.is_relative_to(root) for path, _ in samples)
+
+
+def test_unregistering_removes_the_manifest_once_no_dataset_names_it(engine, data_dir):
+    root = make_split_dataset(data_dir / "split")
+    register_folder(engine, "first", root)
+    register_folder(engine, "second", root)  # the same files: the same manifest
+    url = get_dataset(engine, "first").manifest_url
+    assert get_dataset(engine, "second").manifest_url == url
+
+    unregister_dataset(engine, "first")
+    assert store.exists(url)
+    assert url in unregister_dataset(engine, "second")
+    assert not store.exists(url)
 
 
 def test_an_altered_or_missing_manifest_is_not_used(engine, data_dir):
