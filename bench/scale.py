@@ -446,10 +446,12 @@ def bench_prep(args: argparse.Namespace) -> None:
     )
     for count, runs in zip(sizes, (small, large), strict=True):
         stored, plain = manifests[count]
+        added = median(runs, "added_mb")
+        verdict = "ok" if added <= plain / 1e6 else "ABOVE TARGET"
         print(
-            f"memory the prep adds at {count:,} images: {median(runs, 'added_mb'):.1f} MB "
-            f"resident; the manifest: {stored / 1e6:.1f} MB stored (gzip), "
-            f"{plain / 1e6:.1f} MB as JSON",
+            f"memory the prep adds at {count:,} images: {added:.1f} MB resident; the "
+            f"manifest: {stored / 1e6:.1f} MB stored (gzip), {plain / 1e6:.1f} MB as JSON "
+            f"(target: within the manifest's JSON: {verdict})",
             flush=True,
         )
 
