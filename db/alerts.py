@@ -36,17 +36,19 @@ EVENT_LABELS = {
     "diverged": "a job diverged (its loss stopped being a number)",
     "stopped_early": "a job stopped early",
     "recompiling": "XLA kept compiling after the warm-up",
+    "input_bound": "a job waited for its input more than half of an epoch",
     "worker_lost": "a job lost its worker (no heartbeat, or its VM went away)",
 }
-# The worker's words for these events in a job's log (worker/callbacks.py, best_epoch.py,
-# xla_report.py): a line that starts so is the event.
+# The worker's words for these events in a job's log (worker/best_epoch.py, xla_report.py,
+# prefetch.py): a line that starts so is the event.
 DIVERGED_PREFIX = "training diverged"
 _LOG_EVENTS = (
     ("stopped_early", re.compile(r"^stopped early at epoch ")),
     (
         "recompiling",
-        re.compile(r"^XLA compiled \d+ new graph\(s\) during epoch \d+, after the warm-up"),
+        re.compile(r"^XLA compiled \d+ new graph\(s\) during epoch \d+, after the warm"),
     ),
+    ("input_bound", re.compile(r"^input-bound: training waited for its input ")),
 )
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 

@@ -251,7 +251,15 @@ class ApiToken(Base):
     __table_args__ = (UniqueConstraint("token_sha256", name="uq_api_tokens_token_sha256"),)
 
 
-ALERT_EVENTS = ("succeeded", "failed", "diverged", "stopped_early", "recompiling", "worker_lost")
+ALERT_EVENTS = (
+    "succeeded",
+    "failed",
+    "diverged",
+    "stopped_early",
+    "recompiling",
+    "input_bound",
+    "worker_lost",
+)
 
 
 class AlertDestination(Base):

@@ -22,6 +22,7 @@ from db.engine import read_tx, write_tx
 from db.models import ALERT_EVENTS, AlertOutbox, Job, utcnow
 from db.telemetry import add_events, events_since
 from tests.support.receiver import Receiver
+from worker.prefetch import input_bound_warning
 from worker.xla_report import compile_growth_warning
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,8 +87,11 @@ def test_each_event_is_queued_once_with_the_change_that_caused_it(engine):
             heartbeat_at=utcnow() - timedelta(hours=1)))  # fmt: skip
     assert queue.requeue_stale(engine, 60) == [(running, "queued")]
     growth = compile_growth_warning(2, {"compile_count": 3}, {"compile_count": 5})
+    bound = input_bound_warning(1, waited_s=6.0, pass_s=10.0)
+    assert input_bound_warning(1, waited_s=5.0, pass_s=10.0) is None
     for _ in range(2):  # the same event twice: one alert
         add_events(engine, running, [("warning", growth), ("info", "epoch 3 done")])
+        add_events(engine, running, [("warning", bound)])
         add_events(engine, running, [("info", "stopped early at epoch 4/10: valid_loss did not "
                                       "improve by more than 0 for 2 epoch(s)")])  # fmt: skip
     assert outbox(engine) == [
@@ -96,6 +100,7 @@ def test_each_event_is_queued_once_with_the_change_that_caused_it(engine):
         ("diverged", diverged), ("diverged", diverged),
         ("worker_lost", running),
         ("recompiling", running),
+        ("input_bound", running),
         ("stopped_early", running),
     ]  # fmt: skip
 
