@@ -21,8 +21,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
-FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
+# `pruned`: a sweep's trial that its pruner stopped early (db.sweeps); its curves and last
+# checkpoint are kept, it has no export.
+JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "pruned")
+FINISHED_STATUSES = ("succeeded", "failed", "cancelled", "pruned")
+SWEEP_STATUSES = ("running", "finished", "cancelled")
 
 
 def utcnow() -> datetime:
@@ -83,12 +86,17 @@ class Job(Base):
     cloned_from: Mapped[int | None] = mapped_column(Integer)
     # A person's Markdown note, edited on the job page; shown as plain text.
     note: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # A sweep's trial: its sweep and Optuna's trial number (db.sweeps); None for other jobs.
+    sweep_id: Mapped[int | None] = mapped_column(Integer)
+    trial_number: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
         # ix_jobs_claim follows the class: it names a column's order.
         # Lists filtered by status, newest first (`traindeck jobs --status`, the Jobs page).
         Index("ix_jobs_status_id", "status", "id"),
         Index("ix_jobs_created_at", "created_at"),
+        # A trial is one job, whoever enqueued it; and a sweep's trials in order.
+        Index("ux_jobs_sweep_trial", "sweep_id", "trial_number", unique=True),
     )
 
 
@@ -306,3 +314,25 @@ class AlertOutbox(Base):
         UniqueConstraint("event_key", "destination_id", name="uq_alert_outbox_event"),
         Index("ix_alert_outbox_pending", "sent_at", "gave_up_at", "id"),
     )
+
+
+class Sweep(Base):
+    """A hyperparameter search over jobs (db.sweeps): its checked definition, its Optuna
+    study's name, and the advisory claim of the process that enqueues its trials."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200))
+    definition: Mapped[dict[str, Any]]
+    study_name: Mapped[str] = mapped_column(String(100))
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+    # The driver's claim: who holds it, until when, and a token bumped at every claim, which
+    # each enqueue checks in its own transaction (a driver whose claim lapsed enqueues nothing).
+    driver: Mapped[str | None] = mapped_column(String(200))
+    driver_until: Mapped[datetime | None]
+    driver_token: Mapped[int] = mapped_column(Integer, default=0)
+
+    __table_args__ = (UniqueConstraint("study_name", name="uq_sweeps_study_name"),)

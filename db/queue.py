@@ -1,9 +1,10 @@
 """The job queue: every state change of a job, each one SQL statement, all of them here.
 
-A job's life: `queued` → (claim) → `running` → `succeeded` | `failed` | `cancelled`, or back
-to `queued` when its worker stops gracefully or is declared stale. Each claim bumps the job's
-`lease`; a worker passes its `Lease` to every later change, and a change whose lease is no
-longer current touches nothing, so a worker that lost its claim cannot overwrite the job.
+A job's life: `queued` → (claim) → `running` → `succeeded` | `failed` | `cancelled` |
+`pruned` (a sweep's trial its pruner stopped, db.sweeps), or back to `queued` when its worker
+stops gracefully or is declared stale. Each claim bumps the job's `lease`; a worker passes
+its `Lease` to every later change, and a change whose lease is no longer current touches
+nothing, so a worker that lost its claim cannot overwrite the job.
 """
 
 from __future__ import annotations
@@ -118,29 +119,35 @@ def refuse_batch_larger_than_dataset(engine: Engine, spec: JobSpec) -> None:
 
 
 def enqueue(engine: Engine, spec: JobSpec, *, cloned_from: int | None = None) -> int:
-    """Insert an already validated spec as a queued job, its tags and note in their own
-    places (`db.labels`); wakes idle Postgres workers."""
+    """Insert an already validated spec as a queued job; wakes idle Postgres workers."""
+    with write_tx(engine) as connection:
+        return insert_job(connection, spec, cloned_from=cloned_from)
+
+
+def insert_job(connection: Any, spec: JobSpec, **columns: Any) -> int:
+    """Insert a validated spec as a queued job in the caller's transaction, its tags and note
+    in their own places (`db.labels`), with `columns` (cloned_from; a sweep's trial: sweep_id,
+    trial_number); wakes idle Postgres workers when the transaction commits."""
     from db.labels import insert_tags
 
-    with write_tx(engine) as connection:
-        job_id = connection.execute(
-            insert(Job)
-            .values(
-                name=spec.display_name,
-                spec=spec.stored(),
-                note=spec.note,
-                status="queued",
-                priority=spec.priority,
-                max_attempts=spec.max_attempts,
-                total_epochs=spec.epochs,
-                created_at=utcnow(),
-                cloned_from=cloned_from,
-            )
-            .returning(Job.id)
-        ).scalar_one()
-        insert_tags(connection, job_id, spec.tags)
-        if not is_sqlite(connection):
-            connection.execute(text("SELECT pg_notify(:channel, '')"), {"channel": NOTIFY_CHANNEL})
+    job_id = connection.execute(
+        insert(Job)
+        .values(
+            name=spec.display_name,
+            spec=spec.stored(),
+            note=spec.note,
+            status="queued",
+            priority=spec.priority,
+            max_attempts=spec.max_attempts,
+            total_epochs=spec.epochs,
+            created_at=utcnow(),
+            **columns,
+        )
+        .returning(Job.id)
+    ).scalar_one()
+    insert_tags(connection, job_id, spec.tags)
+    if not is_sqlite(connection):
+        connection.execute(text("SELECT pg_notify(:channel, '')"), {"channel": NOTIFY_CHANNEL})
     return job_id
 
 
@@ -240,7 +247,8 @@ def set_progress(
 
 
 def finish(engine: Engine, lease: Lease, status: str, error: str | None = None) -> bool:
-    """End a running job as succeeded, failed or cancelled. False when the lease was lost."""
+    """End a running job as succeeded, failed, cancelled or (a sweep's trial) pruned. False
+    when the lease was lost."""
     if status not in FINISHED_STATUSES:
         raise ValueError(f"a job finishes as one of {FINISHED_STATUSES}, not {status!r}")
     if error is not None and len(error) > MAX_ERROR_CHARS:

@@ -37,6 +37,8 @@ from db.jobview import describe_job, iter_jobs
 from db.migrate import upgrade
 from db.models import ALERT_EVENTS, JOB_STATUSES
 from db.spec import JobSpec, SpecError, spec_from_json
+from db.sweeps import SweepNotFound
+from traindeck import sweep_cli
 
 EXIT_DATABASE_ERROR = 3
 DESCRIPTION = (
@@ -517,6 +519,7 @@ def build_parser(prog: str = "traindeck") -> argparse.ArgumentParser:
     ):
         command(name, handler, help_text).add_argument("id", type=job_id, help="job id")
 
+    sweep_cli.add_commands(commands)
     dataset = commands.add_parser("dataset", help="register and list image datasets")
     dataset_commands = dataset.add_subparsers(
         dest="dataset_command", required=True, metavar="COMMAND", parser_class=Parser
@@ -620,7 +623,13 @@ def main(argv: list[str] | None = None, prog: str = "traindeck") -> int:
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except (UserError, queue.JobNotFound, queue.JobStateError, alerts.AlertSettingError) as exc:
+    except (
+        UserError,
+        queue.JobNotFound,
+        queue.JobStateError,
+        alerts.AlertSettingError,
+        SweepNotFound,
+    ) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except DatabaseError as exc:

@@ -27,6 +27,12 @@ from worker.checkpoint import host_copy
 FASTAI_COLUMNS = {ours: theirs for theirs, ours in EPOCH_COLUMN_NAMES.items()}
 
 
+def epoch_value(learn: Any, metric: str) -> float:
+    """The newest epoch's value of an epoch metric, from fastai's Recorder (a host number)."""
+    names = list(learn.recorder.metric_names[1:])
+    return float(learn.recorder.values[-1][names.index(FASTAI_COLUMNS.get(metric, metric))])
+
+
 class BestEpochTracker(TrackerCallback):
     """Tracks the best epoch of `spec.monitor`; marks `stopped_at` (a global epoch) when
     `spec.early_stop` epochs in a row did not improve it; keeps a host copy of the best

@@ -4,6 +4,7 @@ Started by the supervisor, one per job, so that a crash, a leak or a wedged devi
 the process and the supervisor lives on. It owns the accelerator while it runs.
 
 Exit codes: 0 trained and exported; 3 stopped because the supervisor asked (SIGTERM);
+4 a sweep's trial its pruner stopped, the reason written to the --error-file;
 1 failed, with the error written to the file given by --error-file.
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_STOPPED = 3
+EXIT_PRUNED = 4
 LOG_PREFIX = "[traindeck job "
 WRITER_CLOSE_TIMEOUT_S = 120.0
 
@@ -76,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     from db.engine import get_engine, retry_while_unavailable
     from db.queue import Lease, get_job
     from db.spec import JobSpec
+    from db.sweeps import trial_of
     from worker.checkpoint import write_failure
     from worker.reporter import TelemetryWriter
 
@@ -91,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
             lambda: get_job(engine, args.job_id), "read the job", give_up=stop.is_set
         )
         spec = JobSpec.model_validate(job.spec)
+        trial = retry_while_unavailable(
+            lambda: trial_of(engine, args.job_id), "read the job's sweep", give_up=stop.is_set
+        )
         folder = job_dir(args.job_id)
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -105,12 +111,17 @@ def main(argv: list[str] | None = None) -> int:
             writer=writer,
             stop=stop,
             parent_pid=args.parent_pid,
+            trial=trial,
         )
         training.run(context)
         return EXIT_OK
     except training.StopRequested:
         log.info("stopped on request; the last checkpoint is kept")
         return EXIT_STOPPED
+    except training.TrialPruned as pruned:
+        log.info("%s", pruned)
+        _write_error(args.error_file, str(pruned))
+        return EXIT_PRUNED
     except Exception as exc:
         if stop.is_set():
             log.info("stopped on request (%s)", type(exc).__name__)
@@ -121,11 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             message = traceback.format_exc()
             log.error("training failed:\n%s", message)
-        try:
-            args.error_file.parent.mkdir(parents=True, exist_ok=True)
-            args.error_file.write_text(message, encoding="utf-8")
-        except OSError:
-            pass  # the disk is full or the folder unwritable: the logged error line says it
+        _write_error(args.error_file, message)
         return EXIT_FAILED
     finally:
         if not writer.close(WRITER_CLOSE_TIMEOUT_S):
@@ -134,6 +141,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"database ({writer.pending_points} points lost)",
                 file=sys.stderr,
             )
+
+
+def _write_error(path: Path, message: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(message, encoding="utf-8")
+    except OSError:
+        pass  # the disk is full or the folder unwritable: the logged error line says it
 
 
 def _user_errors() -> tuple[type[Exception], ...]:

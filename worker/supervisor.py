@@ -27,11 +27,11 @@ from typing import IO, TypeVar
 from alerts.drain import Drainer
 from common.errors import first_line
 from common.files import job_dir
-from db import queue, telemetry, workers
+from db import queue, sweeps, telemetry, workers
 from db.engine import Engine, retry_with_backoff
 from db.queue import ClaimedJob, JobSignal
 from worker import devices
-from worker.job_process import EXIT_OK, EXIT_STOPPED, LOG_PREFIX
+from worker.job_process import EXIT_OK, EXIT_PRUNED, EXIT_STOPPED, LOG_PREFIX
 
 log = logging.getLogger("worker")
 
@@ -170,6 +170,8 @@ class Supervisor:
     def _claim_next(self) -> ClaimedJob | None:
         try:
             self._recover_stale_jobs()
+            # Whichever worker holds a sweep's claim queues its next trials (db.sweeps).
+            self._try(lambda: sweeps.drive_all(self.engine, self.options.worker_id))
             return queue.claim(self.engine, self.options.worker_id)
         except Exception as exc:
             log.warning("cannot reach the database to claim a job: %s", first_line(exc))
@@ -287,6 +289,10 @@ class Supervisor:
         if exit_code == EXIT_OK:
             self._with_retries(lambda: queue.finish(self.engine, lease, "succeeded"), "finish")
             log.info("job %d succeeded", job.id)
+        elif exit_code == EXIT_PRUNED and reason is None:
+            why = self._error_text(running, exit_code)
+            self._with_retries(lambda: queue.finish(self.engine, lease, "pruned", why), "prune")
+            log.info("job %d pruned", job.id)
         elif reason == "shutdown":
             self._with_retries(
                 lambda: queue.release(

@@ -31,9 +31,10 @@ from db.artifacts import record_artifact
 from db.engine import Engine, retry_while_unavailable
 from db.queue import Lease
 from db.spec import JobSpec
+from db.sweeps import Trial, end_trial, report_epoch
 from db.telemetry import LR_FIND, MetricPoint
 from worker import checkpoint, spmd
-from worker.best_epoch import BestEpochTracker
+from worker.best_epoch import BestEpochTracker, epoch_value
 from worker.callbacks import (
     AutocastCallback,
     DivergenceCallback,
@@ -75,6 +76,10 @@ class JobFailure(Exception):
     """A failure with a message a person can act on (no traceback needed)."""
 
 
+class TrialPruned(Exception):
+    """A sweep's pruner stopped this trial; the message says when and why."""
+
+
 T = TypeVar("T")
 
 
@@ -88,8 +93,12 @@ class TrainingContext:
     writer: TelemetryWriter
     stop: threading.Event
     parent_pid: int | None = None
+    # A sweep's trial (db.sweeps): each epoch's objective goes to its study.
+    trial: Trial | None = None
     # The global epoch (0-based) whose model was exported: the last, or the best (keep=best).
     kept_epoch: int | None = None
+    # The global epoch after which the sweep's pruner stopped the trial.
+    pruned_at: int | None = None
 
     def db(self, action: Callable[[], T], what: str) -> T:
         """A database call of the job process, tried again while the database is locked or
@@ -330,11 +339,15 @@ def run(ctx: TrainingContext) -> Path:
         len(dls.train),
     )
     learn = build_learner(dls, spec, device, ctx.job_dir, setup.parallel)
-    if spec.monitor == "top5_accuracy" and dls.c <= 5:
-        raise JobFailure(
-            f"monitor top5_accuracy: the dataset has {dls.c} classes, and top-5 accuracy is "
-            "measured with more than 5; watch accuracy instead"
-        )
+    watched = [("monitor", spec.monitor)]
+    if ctx.trial is not None:
+        watched.append(("the sweep's objective", ctx.trial.sweep.metric))
+    for what, metric in watched:
+        if metric == "top5_accuracy" and dls.c <= 5:
+            raise JobFailure(
+                f"{what} top5_accuracy: the dataset has {dls.c} classes, and top-5 accuracy "
+                "is measured with more than 5; use accuracy instead"
+            )
     clock = TrainingClock(total_epochs(spec), len(dls.train))
     best = BestEpochTracker(spec, clock)
     learn.add_cbs(
@@ -389,19 +402,26 @@ def run(ctx: TrainingContext) -> Path:
     )
 
     def on_epoch_end(epoch: int) -> None:
-        stopping = best.stopped_at is not None
+        if report_to_sweep(ctx, learn, epoch):
+            ctx.pruned_at = epoch
+        stopping = best.stopped_at is not None or ctx.pruned_at is not None
         last = epoch + 1 == clock.total_epochs or stopping
         spec_json = spec.model_dump(mode="json")
         checkpoints.save(learn, epoch=epoch, lr=lr, spec=spec_json, last=last, tracker=best.state())
         if stopping:
             raise CancelFitException()  # fastai's way to end a fit, once the checkpoint is kept
 
+    def ended() -> bool:
+        return best.stopped_at is not None or ctx.pruned_at is not None
+
     epoch_end = EpochEndCallback(clock, on_epoch_end)
     divergence = DivergenceCallback(clock)
     learn.add_cbs([epoch_end, divergence, best])
     try:
-        _fit_phases(learn, spec, lr, resume_from, clock, epoch_end, divergence, best, ctx.stop)
+        _fit_phases(learn, spec, lr, resume_from, clock, epoch_end, divergence, ended, ctx.stop)
         checkpoints.wait()  # the last epoch's checkpoint is on disk, or its failure is raised
+        if ctx.pruned_at is not None:
+            raise prune(ctx, learn)
     except BaseException:
         # Stopped or failed: the write in flight still lands, so a requeued job resumes from
         # the newest checkpoint; its own failure would only hide the reason being raised.
@@ -422,7 +442,33 @@ def run(ctx: TrainingContext) -> Path:
     record_results(ctx, learn)
     if ctx.stop.is_set():
         raise StopRequested()
+    if ctx.trial is not None:
+        trial, kept = ctx.trial, ctx.kept_epoch
+        ctx.db(lambda: end_trial(ctx.engine, trial, "complete", kept), "end the sweep's trial")
     return export
+
+
+def report_to_sweep(ctx: TrainingContext, learn: Learner, epoch: int) -> bool:
+    """A trial's objective after `epoch`, sent to its study; whether the pruner says stop."""
+    trial = ctx.trial
+    if trial is None:
+        return False
+    value = epoch_value(learn, trial.sweep.metric)
+    return ctx.db(
+        lambda: report_epoch(ctx.engine, trial, epoch, value), "report to the sweep's study"
+    )
+
+
+def prune(ctx: TrainingContext, learn: Learner) -> TrialPruned:
+    """End the trial as pruned in its study; the exception that ends the job so."""
+    trial, epoch = ctx.trial, ctx.pruned_at
+    assert trial is not None and epoch is not None
+    ctx.db(lambda: end_trial(ctx.engine, trial, "pruned"), "end the sweep's trial")
+    sweep = trial.sweep
+    return TrialPruned(
+        f"pruned by the sweep's {sweep.pruner} pruner after epoch {epoch + 1}: "
+        f"{sweep.metric} {epoch_value(learn, sweep.metric):.4f}; the last checkpoint is kept"
+    )
 
 
 def _same_spec(saved: Any, spec: JobSpec) -> bool:
@@ -496,15 +542,15 @@ def _fit_phases(
     clock: TrainingClock,
     epoch_end: EpochEndCallback,
     divergence: DivergenceCallback,
-    best: BestEpochTracker,
+    ended: Callable[[], bool],
     stop: threading.Event,
 ) -> None:
-    """Train every phase of the schedule from global epoch `resume_from` on, until the end or
-    an early stop."""
+    """Train every phase of the schedule from global epoch `resume_from` on, until the end,
+    an early stop or the sweep's pruner (`ended`)."""
     for phase in schedule_phases(spec, lr):
         if phase.end <= resume_from:
             continue
-        if best.stopped_at is not None:
+        if ended():
             break
         set_trainable(learn, phase, keep_state=resume_from > phase.offset)
         clock.epoch_offset = phase.offset

@@ -1,5 +1,9 @@
 """The migration history: one head, an empty database reaches it, and a database left at any
-earlier revision upgrades to it keeping its rows. Runs on SQLite and on the real Postgres."""
+earlier revision upgrades to it keeping its rows. Runs on SQLite and on the real Postgres.
+
+Optuna's study storage (db.study) lives in the same database: no table is shared, each
+Alembic keeps its revision in its own table, and `upgrade` is the one command that sets both
+up, on a new database and on one made before sweeps existed."""
 
 from __future__ import annotations
 
@@ -11,10 +15,12 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, text
+from optuna.storages import RDBStorage
+from sqlalchemy import Engine, inspect, text
 
+from db import study
 from db.engine import create_db_engine
-from db.migrate import alembic_config, upgrade
+from db.migrate import LEGACY_VERSION_TABLE, VERSION_TABLE, alembic_config, upgrade
 from db.models import Base
 from tests.conftest import BACKENDS, _admin_engine, _postgres_url
 
@@ -45,9 +51,21 @@ def empty_engine(request: pytest.FixtureRequest, data_dir) -> Iterator[Engine]:
     admin.dispose()
 
 
+def _context(connection) -> MigrationContext:
+    """traindeck's migration context: its own version table, its own tables (not Optuna's)."""
+    ours = Base.metadata.tables
+    return MigrationContext.configure(
+        connection,
+        opts={
+            "version_table": VERSION_TABLE,
+            "include_name": lambda name, kind, _parent: kind != "table" or name in ours,
+        },
+    )
+
+
 def _revision(engine: Engine) -> set[str]:
     with engine.connect() as connection:
-        return set(MigrationContext.configure(connection).get_current_heads())
+        return set(_context(connection).get_current_heads())
 
 
 def test_the_history_has_one_head():
@@ -58,7 +76,7 @@ def test_an_empty_database_upgrades_to_the_head_and_matches_the_models(empty_eng
     upgrade(empty_engine)
     assert _revision(empty_engine) == {HEAD}
     with empty_engine.connect() as connection:
-        differences = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+        differences = compare_metadata(_context(connection), Base.metadata)
     assert differences == [], "the models and the migrations disagree"
 
 
@@ -90,3 +108,46 @@ def test_a_database_at_an_earlier_revision_upgrades_keeping_its_rows(empty_engin
     with empty_engine.connect() as connection:
         assert connection.execute(text("SELECT name FROM jobs")).scalars().all() == ["kept"]
         assert connection.execute(text("SELECT value FROM metrics")).scalars().all() == [1.5]
+
+
+# --- Optuna's tables beside ours --------------------------------------------------------
+def _optuna_revision(engine) -> str | None:
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def _optuna_accepts(engine) -> None:
+    """Optuna's own compatibility check passes on the database (it raises otherwise)."""
+    storage = RDBStorage(engine.url.render_as_string(hide_password=False))
+    assert storage.get_current_version() == storage.get_head_version()
+    storage.engine.dispose()
+
+
+def test_no_table_is_both_traindecks_and_optunas():
+    ours = set(Base.metadata.tables) | {VERSION_TABLE}
+    optunas = study.table_names() | {LEGACY_VERSION_TABLE}
+    assert ours & optunas == set()
+
+
+def test_upgrade_sets_up_both_histories_on_an_empty_database(empty_engine):
+    upgrade(empty_engine)
+    upgrade(empty_engine)  # a second time changes nothing
+    assert _revision(empty_engine) == {HEAD}
+    tables = set(inspect(empty_engine).get_table_names())
+    assert study.table_names() <= tables
+    assert _optuna_revision(empty_engine) not in (None, HEAD)
+    _optuna_accepts(empty_engine)
+
+
+def test_a_database_from_before_sweeps_moves_its_revision_and_gains_optunas_tables(
+    empty_engine,
+):
+    upgrade(empty_engine, "0010_api_tokens")
+    with empty_engine.begin() as connection:  # as such a database was: the default table
+        connection.execute(text(f"ALTER TABLE {VERSION_TABLE} RENAME TO {LEGACY_VERSION_TABLE}"))
+    upgrade(empty_engine)
+    assert _revision(empty_engine) == {HEAD}
+    _optuna_accepts(empty_engine)
+    with empty_engine.connect() as connection:
+        legacy = connection.execute(text(f"SELECT version_num FROM {LEGACY_VERSION_TABLE}"))
+        assert HEAD not in set(legacy.scalars()), "only Optuna's revision is left there"
