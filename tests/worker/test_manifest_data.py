@@ -32,6 +32,7 @@ from tests.support.workers import (
     wait_for,
     wait_until_stopped_at,
 )
+from worker import data
 from worker.data import build_dataloaders, load_items
 from worker.failpoints import VALIDATION_STARTED
 from worker.skipped import RECORD_NAME, SkipRecord, report, skipped_files
@@ -147,11 +148,18 @@ def test_a_dataset_registered_before_manifests_gets_one_at_its_first_job(
     assert store.exists(get_dataset(sqlite_engine, "animals").manifest_url)
 
 
-def test_a_file_that_stops_decoding_is_skipped_and_counted(sqlite_engine, data_dir, caplog):
+@pytest.mark.parametrize("loader_processes", [False, True], ids=["in-process", "worker-processes"])
+def test_a_file_that_stops_decoding_is_skipped_and_counted(
+    sqlite_engine, data_dir, caplog, monkeypatch, loader_processes
+):
+    if loader_processes:  # as for a large dataset: the images are read in DataLoader workers
+        monkeypatch.setattr(data, "SMALL_DATASET_ITEMS", 0)
+        monkeypatch.setattr(data, "usable_cpus", lambda: 2)  # one worker, on any machine
     root = make_split_dataset(data_dir / "split", train_per_class=4, valid_per_class=3)
     register_folder(sqlite_engine, "split", root)
     record = SkipRecord(data_dir / RECORD_NAME)
     dls = build_dataloaders(load_items(sqlite_engine, "split"), SPEC, CPU, record)
+    assert (dls.valid.fake_l.num_workers > 0) == loader_processes
     broken = root / "valid" / "dog" / "002.png"
     broken.write_bytes(broken.read_bytes()[:40])  # damaged after registration
 
