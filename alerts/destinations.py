@@ -11,21 +11,22 @@ from typing import Any
 
 import apprise
 
-from db.alerts import AlertSettingError, add_destination
+from db.alerts import add_destination
 from db.engine import Engine
+from db.inputs import FieldError
 
 
 def masked_url(url: str) -> str:
-    """`url` as Apprise prints it with its secrets masked; AlertSettingError for a URL that
+    """`url` as Apprise prints it with its secrets masked; FieldError for a URL that
     Apprise cannot use."""
     url = (url or "").strip()
     if not url:
-        raise AlertSettingError("url", "must not be empty")
+        raise FieldError("url", "must not be empty")
     plugin = apprise.Apprise.instantiate(url)
     if plugin is None:
         scheme = url.split("://", 1)[0] if "://" in url else ""
         known = f"{scheme}:// is not a service Apprise knows, or " if scheme else ""
-        raise AlertSettingError(
+        raise FieldError(
             "url",
             f"{known}the URL is incomplete (see https://github.com/caronc/apprise/wiki for "
             "each service's form, e.g. slack://…, ntfys://…, mailtos://…, json://host/path)",
@@ -34,6 +35,6 @@ def masked_url(url: str) -> str:
 
 
 def save_destination(engine: Engine, name: str, url: str, events: Any) -> int:
-    """Check the URL with Apprise and save the destination; AlertSettingError names a wrong
+    """Check the URL with Apprise and save the destination; FieldError names a wrong
     input."""
     return add_destination(engine, name, url.strip(), masked_url(url), events)

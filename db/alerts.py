@@ -23,6 +23,7 @@ from sqlalchemy import Connection, Engine, delete, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from db.engine import is_sqlite, read_tx, write_tx
+from db.inputs import FieldError, one_line_name
 from db.models import ALERT_EVENTS, AlertDestination, AlertOutbox, Job, JobEvent, utcnow
 
 CLAIM_S = 120.0
@@ -50,16 +51,6 @@ _LOG_EVENTS = (
     ),
     ("input_bound", re.compile(r"^input-bound: training waited for its input ")),
 )
-_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
-
-
-class AlertSettingError(ValueError):
-    """A destination could not be saved as asked; `field` names the input."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 # --- destinations ---------------------------------------------------------------------------
@@ -77,23 +68,21 @@ def check_events(events: Any) -> tuple[str, ...]:
     chosen = tuple(dict.fromkeys(events or ()))
     unknown = [event for event in chosen if event not in ALERT_EVENTS]
     if unknown:
-        raise AlertSettingError("events", f"unknown event {unknown[0]!r}; one of {ALERT_EVENTS}")
+        raise FieldError("events", f"unknown event {unknown[0]!r}; one of {ALERT_EVENTS}")
     if not chosen:
-        raise AlertSettingError("events", "choose at least one event")
+        raise FieldError("events", "choose at least one event")
     return chosen
 
 
 def add_destination(engine: Engine, name: str, url: str, shown_url: str, events: Any) -> int:
     """Save a destination (its URL already checked by `alerts.destinations`)."""
-    name = (name or "").strip()
-    if not name or len(name) > MAX_NAME_LENGTH or _CONTROL_CHARS.search(name):
-        raise AlertSettingError("name", f"must be 1 to {MAX_NAME_LENGTH} characters, one line")
+    name = one_line_name(name, MAX_NAME_LENGTH)
     chosen = check_events(events)
     with write_tx(engine) as connection:
         if connection.execute(
             select(AlertDestination.id).where(AlertDestination.name == name)
         ).first():
-            raise AlertSettingError("name", f"a destination named {name!r} exists already")
+            raise FieldError("name", f"a destination named {name!r} exists already")
         return connection.execute(
             insert(AlertDestination)
             .values(

@@ -9,7 +9,6 @@ looked up by its hash; a revoked or expired token is refused like an unknown one
 from __future__ import annotations
 
 import hashlib
-import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -17,6 +16,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Engine, insert, or_, select, update
 
 from db.engine import read_tx, write_tx
+from db.inputs import FieldError, one_line_name
 from db.models import ApiToken, utcnow
 
 TOKEN_PREFIX = "td_"
@@ -25,16 +25,6 @@ MAX_NAME_LENGTH = 100
 LIFETIMES_DAYS = (1, 7, 30, 90, 365)
 # A used token's last-use time is written at most this often: reads stay reads.
 LAST_USED_EVERY = timedelta(minutes=1)
-_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
-
-
-class TokenError(ValueError):
-    """A token could not be made as asked; `field` names the input that is wrong."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -61,14 +51,11 @@ def _digest(token: str) -> str:
 
 
 def create_token(engine: Engine, name: str, days: int, created_by: str) -> tuple[TokenInfo, str]:
-    """Make a token valid for `days` days; returns it as listed, and the secret (shown once)."""
-    name = (name or "").strip()
-    if not name:
-        raise TokenError("name", "must not be empty")
-    if len(name) > MAX_NAME_LENGTH or _CONTROL_CHARS.search(name):
-        raise TokenError("name", f"must be at most {MAX_NAME_LENGTH} characters, on one line")
+    """Make a token valid for `days` days; returns it as listed, and the secret (shown once).
+    FieldError names a wrong input."""
+    name = one_line_name(name, MAX_NAME_LENGTH)
     if days not in LIFETIMES_DAYS:
-        raise TokenError("days", f"must be one of {', '.join(map(str, LIFETIMES_DAYS))}")
+        raise FieldError("days", f"must be one of {', '.join(map(str, LIFETIMES_DAYS))}")
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     now = utcnow()
     values = {

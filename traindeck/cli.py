@@ -32,6 +32,7 @@ from datasets.validation import normalize_dataset_name
 from db import alerts, queue
 from db.datasets import list_datasets
 from db.engine import DatabaseError, Engine, database_problem, get_engine
+from db.inputs import FieldError
 from db.joblist import ORDERS, Cursor, JobFilter
 from db.jobview import describe_job, iter_jobs
 from db.migrate import upgrade
@@ -623,13 +624,7 @@ def main(argv: list[str] | None = None, prog: str = "traindeck") -> int:
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except (
-        UserError,
-        queue.JobNotFound,
-        queue.JobStateError,
-        alerts.AlertSettingError,
-        SweepNotFound,
-    ) as exc:
+    except (UserError, queue.JobNotFound, queue.JobStateError, FieldError, SweepNotFound) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except DatabaseError as exc:

@@ -20,14 +20,14 @@ from dashboard.format import plain
 from dashboard.state import get_engine
 from db.alerts import (
     EVENT_LABELS,
-    AlertSettingError,
     list_destinations,
     recent_alerts,
     remove_destination,
 )
 from db.engine import Engine
+from db.inputs import FieldError
 from db.models import ALERT_EVENTS
-from db.tokens import LIFETIMES_DAYS, TokenError, TokenInfo, create_token, list_tokens, revoke_token
+from db.tokens import LIFETIMES_DAYS, TokenInfo, create_token, list_tokens, revoke_token
 
 NEW_TOKEN_KEY = "settings.new_token"
 PROBLEM_KEY = "settings.token_problem"
@@ -50,7 +50,7 @@ def make_token(engine: Engine) -> None:
         info, secret = create_token(
             engine, st.session_state.get(NAME_KEY, ""), st.session_state[DAYS_KEY], _creator()
         )
-    except TokenError as exc:
+    except FieldError as exc:
         st.session_state[PROBLEM_KEY] = str(exc)
         return
     st.session_state[NEW_TOKEN_KEY] = (info.name, secret)
@@ -68,7 +68,7 @@ def add_destination(engine: Engine) -> None:
     st.session_state.pop(ALERT_PROBLEM_KEY, None)
     try:
         save_destination(engine, values["name"] or "", values["url"] or "", values["events"])
-    except AlertSettingError as exc:
+    except FieldError as exc:
         st.session_state[ALERT_PROBLEM_KEY] = str(exc)
         return
     st.session_state[ALERT_KEYS["url"]] = ""  # the secret does not stay in the session

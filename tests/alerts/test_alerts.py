@@ -17,8 +17,9 @@ from sqlalchemy import select, update
 from alerts.destinations import masked_url, save_destination
 from alerts.drain import drain
 from db import alerts, queue
-from db.alerts import AlertSettingError, list_destinations, recent_alerts, remove_destination
+from db.alerts import list_destinations, recent_alerts, remove_destination
 from db.engine import read_tx, write_tx
+from db.inputs import FieldError
 from db.models import ALERT_EVENTS, AlertOutbox, Job, utcnow
 from db.telemetry import add_events, events_since
 from tests.support.receiver import Receiver
@@ -66,7 +67,7 @@ def test_a_destination_is_checked_by_apprise_and_never_shown_whole(engine):
         (("bad\nname", url, ["failed"]), "name"),
     ]
     for arguments, field in bad:
-        with pytest.raises(AlertSettingError) as refused:
+        with pytest.raises(FieldError) as refused:
             save_destination(engine, *arguments)
         assert refused.value.field == field
     assert len(list_destinations(engine)) == 1

@@ -322,7 +322,7 @@ def test_the_settings_page_makes_a_token_shown_once_and_revokes_it(sqlite_engine
     at.text_input(key="settings.token_name").input("")
     next(b for b in at.button if b.label == "Create token").click()
     run(at)
-    assert "name: must not be empty" in [shown(e.value) for e in at.error]
+    assert "name: must be 1 to 100 characters, on one line" in [shown(e.value) for e in at.error]
 
     at.text_input(key="settings.token_name").input("notebook")
     at.selectbox(key="settings.token_days").set_value(7)
