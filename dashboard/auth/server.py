@@ -13,7 +13,13 @@ from urllib.parse import parse_qs, quote
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection, Request
-from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 from streamlit.auth_util import encode_provider_token
@@ -272,8 +278,9 @@ class SignInGate:
             await self.app(scope, receive, send)
             return
         if scope["type"] == "http" and scope["path"].startswith(TOKEN_PATH_PREFIX):
-            if current.problem:  # nobody gets in until the setting is fixed
-                await self._refuse(HTTPConnection(scope), current)(scope, receive, send)
+            if current.problem:  # nobody gets in until the setting is fixed; in the API's JSON
+                problem = f"this dashboard cannot be used yet: {current.problem}"
+                await JSONResponse({"error": problem}, status_code=503)(scope, receive, send)
             else:
                 await self.app(scope, receive, send)
             return

@@ -127,6 +127,17 @@ def test_the_api_needs_no_sign_in_cookie_and_nothing_else_passes_the_gate(engine
     assert client.get("/jobs").status_code == (401 if client.signed_in else 200)
 
 
+def test_a_dashboard_nobody_can_sign_in_to_refuses_the_api_too(engine, monkeypatch):
+    monkeypatch.delenv(auth.PASSWORD_HASH_ENV, raising=False)
+    current = auth.policy("0.0.0.0", use_config=False)  # on a network, no sign-in configured
+    assert current.problem
+    _, token = create_token(engine, "laptop", 7, "test")
+    with TestClient(_app(current), base_url="http://127.0.0.1:8501") as client:
+        answer = client.get("/api/v1/jobs", headers=bearer(token))
+    assert answer.status_code == 503
+    assert answer.json()["error"].startswith("this dashboard cannot be used yet: sign-in is")
+
+
 def test_wrong_tokens_are_throttled_per_address_and_the_right_one_clears_it(engine, client, clock):
     _, token = create_token(engine, "laptop", 7, "test")
     for _ in range(auth.PER_CLIENT.free):
