@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
+from dashboard.format import chart_text
 from db.series import Buckets
 
 DEFAULT_SMOOTHING = 0.9
@@ -188,3 +189,56 @@ def times_figure(epochs: Sequence[int], times: Mapping[str, Sequence[float]]) ->
     traces = [go.Bar(x=list(epochs), y=list(values), name=label) for label, values in times.items()]
     layout = _layout("XLA time per epoch", "epoch", "seconds", barmode="group", hovermode="x")
     return go.Figure(traces, layout=layout)
+
+
+# --- sweeps ---------------------------------------------------------------------------------
+
+
+def _dimension(label: str, values: Sequence[Any], log: bool) -> dict[str, Any]:
+    """One axis of a parallel-coordinates plot: numbers as they are (log10 on a log range),
+    anything else as one tick per distinct value, its text escaped."""
+    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        if log:
+            return {"label": f"log10 {label}", "values": [math.log10(v) for v in values]}
+        return {"label": label, "values": list(values)}
+    kinds = sorted({str(v) for v in values})
+    return {
+        "label": label,
+        "values": [kinds.index(str(v)) for v in values],
+        "tickvals": list(range(len(kinds))),
+        "ticktext": [chart_text(kind) for kind in kinds],
+    }
+
+
+def parallel_coordinates_figure(
+    params: Mapping[str, Sequence[Any]],
+    log_fields: set[str],
+    objective: Sequence[float],
+    metric: str,
+) -> go.Figure:
+    """Each trial a line through its values of the varied fields to its objective."""
+    dimensions = [_dimension(f, values, f in log_fields) for f, values in params.items()]
+    dimensions.append({"label": metric, "values": list(objective)})
+    line = {"color": list(objective), "colorscale": "Viridis", "showscale": True}
+    layout = _layout(f"{metric} by the values of each trial", "", "", hovermode=False)
+    layout["margin"] = {"l": 60, "r": 40, "t": 100, "b": 20}  # room for the axes' names
+    return go.Figure(go.Parcoords(dimensions=dimensions, line=line), layout=layout)
+
+
+def objective_by_trial_figure(
+    trials: Sequence[int], objective: Sequence[float], states: Sequence[str], metric: str
+) -> go.Figure:
+    """The objective of each trial by its number, one marker colour per state."""
+    figure = go.Figure(layout=_layout(f"{metric} by trial", "trial", metric, hovermode="closest"))
+    for state in sorted(set(states)):
+        chosen = [i for i, s in enumerate(states) if s == state]
+        figure.add_trace(
+            go.Scatter(
+                x=[trials[i] for i in chosen],
+                y=[objective[i] for i in chosen],
+                mode="markers",
+                name=state,
+                marker={"size": 9},
+            )
+        )
+    return figure

@@ -17,6 +17,7 @@ NEW_JOB_PAGE = "pages/new_job.py"
 JOBS_PAGE = "pages/jobs.py"
 JOB_PAGE = "pages/job.py"
 COMPARE_PAGE = "pages/compare.py"
+SWEEPS_PAGE = "pages/sweeps.py"
 WORKERS_PAGE = "pages/workers.py"
 DATASETS_PAGE = "pages/datasets.py"
 TPU_VMS_PAGE = "pages/tpu_vms.py"
@@ -37,6 +38,7 @@ def build_navigation() -> st.Page:
             st.Page(NEW_JOB_PAGE, title="New job", icon=":material/add_circle:"),
             st.Page(JOB_PAGE, title="Job", icon=":material/monitoring:"),
             st.Page(COMPARE_PAGE, title="Compare", icon=":material/compare_arrows:"),
+            st.Page(SWEEPS_PAGE, title="Sweeps", icon=":material/tune:"),
         ],
         "Data": _page_if_present(DATASETS_PAGE, "Datasets", ":material/photo_library:"),
         "Machines": [

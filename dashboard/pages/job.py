@@ -20,6 +20,7 @@ from dashboard import actions, charts, xla
 from dashboard.downloads import link_for
 from dashboard.format import between, duration, plain, size
 from dashboard.live import LiveJob
+from dashboard.nav import SWEEPS_PAGE
 from dashboard.results_view import render_results
 from dashboard.state import get_engine
 from db.artifacts import list_artifacts
@@ -365,6 +366,13 @@ def log_tab(engine: Engine, job: Job, live: LiveJob) -> None:
 def spec_tab(engine: Engine, job: Job, live: LiveJob) -> None:
     if job.cloned_from is not None:
         st.caption(f"Cloned from job #{job.cloned_from}")
+    if job.sweep_id is not None:
+        st.page_link(
+            SWEEPS_PAGE,
+            query_params={"sweep": job.sweep_id},
+            label=f"Trial {job.trial_number} of sweep #{job.sweep_id}",
+            icon=":material/tune:",
+        )
     st.json(job.spec)
 
 
