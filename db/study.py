@@ -110,7 +110,10 @@ def sampler(sweep: SweepSpec, salt: int) -> BaseSampler:
     draws anew, the same way whichever process asks."""
     seed = sweep.seed + salt
     if sweep.sampler == "grid":
-        return GridSampler({p.field: list(p.grid_values()) for p in sweep.space}, seed=seed)
+        # The grid's order is shuffled by the seed and trial N takes point N of it: the same
+        # seed at every ask, or two trials could take the same point.
+        grid = {p.field: list(p.grid_values()) for p in sweep.space}
+        return GridSampler(grid, seed=sweep.seed)
     if sweep.sampler == "random":
         return RandomSampler(seed=seed)
     return TPESampler(seed=seed)
@@ -221,7 +224,9 @@ def tell(
 ) -> None:
     """End trial `number` as complete (with its objective), pruned or failed; a trial already
     ended stays as it is."""
-    study = _load(engine, name, sweep)
+    # Not the sweep's sampler: a GridSampler calls `study.stop()` after the last point is
+    # told, which Optuna allows only inside `optimize`; nothing else of a sampler acts on tell.
+    study = optuna.load_study(study_name=name, storage=storage(engine), sampler=RandomSampler())
     outcome = TRIAL_STATES.get(state, TrialState.FAIL)
     values = value if outcome == TrialState.COMPLETE else None
     # Another process may end it between Optuna's check and its write.

@@ -150,3 +150,35 @@ def test_cancel_stops_the_sweep_and_its_trials(engine):
     assert sweeps.drive(engine, sweep_id, "worker-a") == 0
     with pytest.raises(JobStateError, match="already cancelled"):
         sweeps.cancel_sweep(engine, sweep_id)
+
+
+@pytest.mark.parametrize(
+    ("sampler", "pruner"),
+    [("grid", "hyperband"), ("tpe", "asha"), ("random", "median"), ("tpe", "none")],
+)
+def test_every_sampler_and_pruner_runs_a_sweep_to_its_end(sqlite_engine, sampler, pruner):
+    engine = sqlite_engine
+    space = {"bs": [16, 32, 64], "arch": ["resnet18"]}
+    if sampler != "grid":
+        space["lr"] = {"type": "log_uniform", "low": 1e-4, "high": 1e-1}
+    definition = _definition(
+        space=space, trials=3, max_concurrent=1, sampler=sampler, pruner=pruner
+    )
+    sweep_id = sweeps.submit_sweep(engine, definition)
+    for number in range(3):
+        (job,) = [job for job in _trials(engine, sweep_id) if job.status == "queued"]
+        claimed = queue.claim(engine, "test-worker")
+        trial = sweeps.trial_of(engine, claimed.id)
+        stopped = False
+        for epoch in range(3):
+            if sweeps.report_epoch(engine, trial, epoch, 0.1 * (number + 1) + 0.01 * epoch):
+                stopped = True
+                break
+        sweeps.end_trial(engine, trial, "pruned" if stopped else "complete", kept_epoch=2)
+        assert queue.finish(engine, claimed.lease, "pruned" if stopped else "succeeded")
+        sweeps.drive(engine, sweep_id, "test")
+    summary = sweeps.summary(engine, sweep_id)
+    assert summary.sweep.status == "finished"
+    if sampler == "grid":
+        assert sorted(row.params["bs"] for row in summary.trials) == [16, 32, 64]
+    assert summary.best is not None and summary.best.final
