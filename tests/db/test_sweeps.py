@@ -166,8 +166,9 @@ def test_every_sampler_and_pruner_runs_a_sweep_to_its_end(sqlite_engine, sampler
     )
     sweep_id = sweeps.submit_sweep(engine, definition)
     for number in range(3):
-        (job,) = [job for job in _trials(engine, sweep_id) if job.status == "queued"]
+        (queued,) = [job for job in _trials(engine, sweep_id) if job.status == "queued"]
         claimed = queue.claim(engine, "test-worker")
+        assert claimed.id == queued.id, "one trial at a time"
         trial = sweeps.trial_of(engine, claimed.id)
         stopped = False
         for epoch in range(3):
