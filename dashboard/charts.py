@@ -242,3 +242,26 @@ def objective_by_trial_figure(
             )
         )
     return figure
+
+
+def importance_figure(importances: Mapping[str, float]) -> go.Figure:
+    """Each varied field's share of the objective's variation (Optuna's importances)."""
+    fields = list(importances)[::-1]  # the largest on top
+    layout = _layout("Parameter importance", "importance", "", hovermode="closest")
+    bars = go.Bar(
+        x=[importances[f] for f in fields],
+        y=[chart_text(f) for f in fields],
+        orientation="h",
+    )
+    return go.Figure(bars, layout=layout)
+
+
+def objective_by_value_figure(
+    field: str, values: Sequence[Any], objective: Sequence[float], log: bool, metric: str
+) -> go.Figure:
+    """The objective of each trial against its value of one field."""
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    shown = list(values) if numeric else [chart_text(v) for v in values]
+    xaxis = {"title": {"text": chart_text(field)}, "type": "log" if log and numeric else "-"}
+    layout = _layout(f"{metric} by {field}", field, metric, hovermode="closest", xaxis=xaxis)
+    return go.Figure(go.Scatter(x=shown, y=list(objective), mode="markers"), layout=layout)

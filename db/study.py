@@ -238,6 +238,22 @@ def trials(engine: Engine, name: str) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name=name, storage=storage(engine)).get_trials(deepcopy=False)
 
 
+def importances(engine: Engine, name: str) -> dict[str, float]:
+    """Optuna's parameter importances (its default evaluator, PED-ANOVA), largest first; empty
+    until the finished trials let it judge (at least two, with values that differ)."""
+    study = optuna.load_study(study_name=name, storage=storage(engine))
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if len(complete) < 2:
+        return {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Optuna's experimental-feature notices
+            found = optuna.importance.get_param_importances(study)
+    except (ValueError, RuntimeError):  # e.g. every trial has the same values
+        return {}
+    return {field: float(value) for field, value in found.items()}
+
+
 def running_trial_numbers(engine: Engine, name: str) -> set[int]:
     study = optuna.load_study(study_name=name, storage=storage(engine))
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))

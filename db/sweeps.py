@@ -176,6 +176,11 @@ def summary(engine: Engine, sweep_id: int) -> SweepSummary:
     return SweepSummary(sweep, spec, rows)
 
 
+def importances(engine: Engine, sweep_id: int) -> dict[str, float]:
+    """How much each varied field explains of the objective (Optuna's), largest first."""
+    return study.importances(engine, get_sweep(engine, sweep_id).study_name)
+
+
 def cancel_sweep(engine: Engine, sweep_id: int) -> int:
     """Stop a sweep: no new trial; queued trials cancelled, running ones asked to stop.
     Returns how many trials were cancelled or asked to stop."""

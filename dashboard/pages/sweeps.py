@@ -1,7 +1,7 @@
 """Sweeps: every sweep, and for one (?sweep=ID) its trials with their values, state and
-objective, the best trial, a parallel-coordinates plot of values → objective and the
-objective by trial; redrawn while the sweep runs. Sweeps are submitted with
-`python -m db sweep submit FILE`."""
+objective, the best trial, a parallel-coordinates plot of values → objective, the objective
+by trial and against each field, and Optuna's parameter importances; redrawn while the sweep
+runs. Sweeps are submitted with `python -m db sweep submit FILE`."""
 
 from __future__ import annotations
 
@@ -81,6 +81,32 @@ def charts_of(summary: sweeps.SweepSummary) -> None:
         ),
         key="sweep.by_trial",
     )
+    left, right = st.columns(2)
+    field = left.selectbox("Objective against", list(params), key="sweep.field")
+    left.plotly_chart(
+        charts.objective_by_value_figure(
+            field, params[field], objective, field in log_fields, metric
+        ),
+        key="sweep.by_value",
+    )
+    database = get_engine().url.render_as_string(hide_password=True)
+    importances = cached_importances(database, summary.sweep.id, finished_trials(summary))
+    if importances:
+        right.plotly_chart(charts.importance_figure(importances), key="sweep.importance")
+    else:
+        right.caption("Parameter importances appear once two trials with different values "
+                      "have finished.")  # fmt: skip
+
+
+def finished_trials(summary: sweeps.SweepSummary) -> int:
+    return sum(row.final for row in summary.trials)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def cached_importances(database: str, sweep_id: int, finished: int) -> dict[str, float]:
+    """Optuna's importances, computed again only when another trial has finished (the
+    arguments are the cache's key)."""
+    return sweeps.importances(get_engine(), sweep_id)
 
 
 def sweep_view(sweep_id: int) -> None:

@@ -58,6 +58,14 @@ def test_the_sweeps_page_shows_trials_the_best_and_the_plots(sqlite_engine):
     assert labels == ["log10 lr", "arch", "accuracy"]
     by_trial = drawn["accuracy by trial"]["data"]
     assert {trace["name"] for trace in by_trial} == {"succeeded", "pruned"}
+    by_value = drawn["accuracy by lr"]
+    assert by_value["layout"]["xaxis"]["type"] == "log"
+    assert "Parameter importances appear once two trials" in texts(at), "one has finished"
+
+    _run_trial(engine, [0.3, 0.5])  # a second finished trial: importances can be judged
+    at = open_page("pages/sweeps.py", sweep=sweep_id)
+    drawn = {figure["layout"]["title"]["text"]: figure for figure in figures(at)}
+    assert "lr" in drawn["Parameter importance"]["data"][0]["y"]
 
     at = show_tab(open_page("pages/job.py", job=best_job), "Spec")
     assert any(f"sweep #{sweep_id}" in link.proto.label for link in at.get("page_link"))
