@@ -92,7 +92,9 @@ def alerts_section(engine: Engine) -> None:
     )
     with st.form("settings.alert_form"):
         name_column, url_column = st.columns([1, 3])
-        name_column.text_input("Name", key=ALERT_KEYS["name"], placeholder="team channel")
+        name_column.text_input(
+            "Destination name", key=ALERT_KEYS["name"], placeholder="team channel"
+        )
         kept = "Kept whole in the database; shown back only masked."
         url_column.text_input("Apprise URL", key=ALERT_KEYS["url"], type="password", help=kept)
         st.multiselect("Events", ALERT_EVENTS, key=ALERT_KEYS["events"],
@@ -160,7 +162,7 @@ st.caption(
 )
 with st.form("settings.token_form", clear_on_submit=False):
     name_column, days_column = st.columns([3, 1])
-    name_column.text_input("Name", key=NAME_KEY, placeholder="what or who uses it")
+    name_column.text_input("Token name", key=NAME_KEY, placeholder="what or who uses it")
     days_column.selectbox(
         "Expires after", LIFETIMES_DAYS, index=2, key=DAYS_KEY,
         format_func=lambda days: f"{days} day" + ("s" if days > 1 else ""),

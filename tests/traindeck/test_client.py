@@ -132,7 +132,7 @@ def test_a_token_made_on_the_settings_page_submits_a_job_the_jobs_page_shows(ser
     with chromium() as browser:
         page = new_page(browser)
         page.goto(f"{base_url}/settings")
-        page.get_by_label("Name", exact=True).fill("browser notebook")
+        page.get_by_label("Token name", exact=True).fill("browser notebook")
         page.get_by_role("button", name="Create token").click()
         page.get_by_text("Copy it now").wait_for()
         token = page.get_by_test_id("stCode").inner_text().strip()
@@ -143,3 +143,4 @@ def test_a_token_made_on_the_settings_page_submits_a_job_the_jobs_page_shows(ser
         table = page.get_by_test_id("stDataFrame")
         table.locator("td", has_text="submitted with a new token").wait_for(state="attached")
         assert Client(base_url, token=token).job(job_id)["status"] == "queued"
+
