@@ -35,7 +35,7 @@ EVENT_LABELS = {
     "succeeded": "a job succeeded",
     "failed": "a job failed",
     "diverged": "a job diverged (its loss stopped being a number)",
-    "stopped_early": "a job stopped early",
+    "stopped_early": "a job stopped early (or a sweep pruned its trial)",
     "recompiling": "XLA kept compiling after the warm-up",
     "input_bound": "a job waited for its input more than half of an epoch",
     "worker_lost": "a job lost its worker (no heartbeat, or its VM went away)",
@@ -138,13 +138,17 @@ def record(connection: Connection, event: str, key: str, job_id: int | None, tex
 
 
 def record_finish(connection: Connection, job_id: int, lease: int, status: str, error: str | None):
-    """The alert of a job's end: succeeded, failed, or diverged (a failure the NaN stop caused)."""
+    """The alert of a job's end: succeeded, failed, diverged (a failure the NaN stop caused),
+    or pruned (a sweep's trial its pruner stopped: a `stopped_early` alert)."""
     if status == "succeeded":
         return record(connection, "succeeded", f"job:{job_id}:end:{lease}", job_id,
                       f"Job #{job_id} succeeded.")  # fmt: skip
+    reason = (error or "").strip().splitlines()[-1] if (error or "").strip() else "no error text"
+    if status == "pruned":
+        text = f"Job #{job_id} was pruned by its sweep: {reason}"
+        return record(connection, "stopped_early", f"job:{job_id}:end:{lease}", job_id, text)
     if status != "failed":
         return 0
-    reason = (error or "").strip().splitlines()[-1] if (error or "").strip() else "no error text"
     event = "diverged" if (error or "").startswith(DIVERGED_PREFIX) else "failed"
     text = f"Job #{job_id} {event}: {reason}"
     return record(connection, event, f"job:{job_id}:end:{lease}", job_id, text)

@@ -81,6 +81,7 @@ def test_each_event_is_queued_once_with_the_change_that_caused_it(engine):
     failed = finished(engine, "failed", "Traceback…\nRuntimeError: out of memory")
     diverged = finished(engine, "failed", "training diverged: the loss is nan in epoch 2/3")
     finished(engine, "cancelled", "cancelled")
+    pruned = finished(engine, "pruned", "trial 3 of sweep 1 pruned at epoch 2")
     running = queue.submit(engine, {})
     queue.claim(engine, "worker-gone")
     with write_tx(engine) as connection:
@@ -99,6 +100,7 @@ def test_each_event_is_queued_once_with_the_change_that_caused_it(engine):
         ("succeeded", succeeded),
         ("failed", failed), ("failed", failed),
         ("diverged", diverged), ("diverged", diverged),
+        ("stopped_early", pruned),
         ("worker_lost", running),
         ("recompiling", running),
         ("input_bound", running),
