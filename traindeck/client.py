@@ -104,6 +104,11 @@ class Client:
         override `spec`). Returns its id."""
         return self._call("POST", "/jobs", {**(spec or {}), **fields})["id"]
 
+    def submit_sweep(self, definition: dict[str, Any]) -> int:
+        """Start a sweep from its definition (what `traindeck sweep submit FILE` reads, as a
+        dict). Returns its id; its trials are jobs tagged `sweep-ID`."""
+        return self._call("POST", "/sweeps", definition)["id"]
+
     def jobs(
         self,
         status: str | Iterable[str] | None = None,

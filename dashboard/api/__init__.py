@@ -1,8 +1,8 @@
 """The HTTP API under /api/v1, served by the dashboard's own server (an `st.App` route list,
-`dashboard/app.py`): submit, list and show jobs, edit their tags and note, read their metric
-series, cancel, retry, list and download their files. Every endpoint needs an API token
-(`guard`); the OpenAPI document is /api/v1/openapi.json (`openapi`). `traindeck.client` is a
-Python client for it.
+`dashboard/app.py`): submit a job or a sweep, list and show jobs, edit their tags and note,
+read their metric series, cancel, retry, list and download their files. Every endpoint needs
+an API token (`guard`); the OpenAPI document is /api/v1/openapi.json (`openapi`).
+`traindeck.client` is a Python client for it.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ def routes() -> list[Route]:
         Route(API_PREFIX + "/openapi.json", openapi_document, methods=["GET"]),
         Route(API_PREFIX + "/jobs", jobs.submit_job, methods=["POST"]),
         Route(API_PREFIX + "/jobs", jobs.list_jobs, methods=["GET"]),
+        Route(API_PREFIX + "/sweeps", jobs.submit_sweep, methods=["POST"]),
         Route(JOB, jobs.show_job, methods=["GET"]),
         Route(JOB, jobs.edit_job, methods=["PATCH"]),
         Route(JOB + "/metrics", jobs.job_metrics, methods=["GET"]),

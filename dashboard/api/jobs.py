@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from common import store
 from dashboard.api.guard import NO_STORE, problem, token_required
 from dashboard.downloads import stream_file
-from db import queue
+from db import queue, sweeps
 from db.artifacts import get_artifact, list_artifacts
 from db.engine import Engine
 from db.joblist import ORDERS, Cursor, JobFilter
@@ -100,6 +100,16 @@ def _page(engine: Engine, filters: JobFilter, order: Any, after: int | None, lim
             raise SpecError({"after": f"no job with id {after}"}) from None
     jobs = list(iter_jobs(engine, filters, order=order, after=cursor, limit=limit + 1))
     return jobs[:limit], len(jobs) > limit
+
+
+@token_required
+async def submit_sweep(request: Request, engine: Engine) -> Response:
+    """A sweep from its definition (what `traindeck sweep submit FILE` reads, as JSON)."""
+    data = await _body(request, "sweep")
+    sweep_id = await run_in_threadpool(sweeps.submit_sweep, engine, data)
+    trials = await run_in_threadpool(sweeps.summary, engine, sweep_id)
+    queued = [trial.job_id for trial in trials.trials]
+    return _json({"id": sweep_id, "queued_trials": queued}, 201)
 
 
 @token_required

@@ -90,6 +90,12 @@ def _paths() -> dict[str, Any]:
                               {"200": _response("A page of jobs", {"type": "object"})},
                               LIST_PARAMETERS),
         },
+        API + "/sweeps": {
+            "post": _operation("Submit a sweep (the definition `traindeck sweep submit` reads)",
+                               {"201": _response("The sweep and its first trials' jobs",
+                                                 {"type": "object"})},
+                               body="SweepDefinition"),
+        },
         JOB: {
             "get": _operation("Show a job", {"200": _response("The job", JOB_OBJECT)}, job),
             "patch": _operation("Change the job's tags and/or note",
@@ -132,6 +138,11 @@ def _schemas() -> dict[str, Any]:
         schema = model.model_json_schema(ref_template=template)
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
+    schemas["SweepDefinition"] = {
+        "type": "object",
+        "description": "base (a job spec), space, objective, trials, max_concurrent, sampler, "
+        "pruner: as in a sweep file for `traindeck sweep submit`",
+    }
     schemas["Error"] = {
         "type": "object",
         "required": ["error"],

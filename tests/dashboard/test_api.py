@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import re
 from collections.abc import Iterator
 from datetime import timedelta
@@ -204,6 +205,37 @@ def test_submit_list_show_label_cancel_and_retry(engine, client, capsys):
         404,
         {"error": f"no job with id {job_id + 100}"},
     )
+
+
+SWEEP = {
+    "name": "lr on digits",
+    "base": {"dataset": "digits", "epochs": 2, "img_size": 16, "device": "cpu", "tags": ["api"]},
+    "space": {"lr": {"type": "log_uniform", "low": 1e-5, "high": 1e-1}, "bs": [16, 32]},
+    "objective": "accuracy",
+    "trials": 4,
+    "max_concurrent": 2,
+    "sampler": "random",
+}
+
+
+def test_a_sweep_is_submitted_and_its_trials_are_jobs_tagged_with_it(
+    engine, client, capsys, tmp_path
+):
+    headers = bearer(create_token(engine, "laptop", 7, "test")[1])
+    answer = client.post("/api/v1/sweeps", headers=headers, json=SWEEP)
+    assert answer.status_code == 201, answer.text
+    sweep_id, queued = answer.json()["id"], answer.json()["queued_trials"]
+    listed = client.get(f"/api/v1/jobs?tag=sweep-{sweep_id}&tag=api", headers=headers).json()
+    assert sorted(job["id"] for job in listed["jobs"]) == sorted(queued) and len(queued) == 2
+
+    bad = {**SWEEP, "trials": 0, "space": {"colour": [1, 2]}}
+    refused = client.post("/api/v1/sweeps", headers=headers, json=bad)
+    assert refused.status_code == 400 and refused.json()["fields"]
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(bad))
+    capsys.readouterr()
+    assert main(["sweep", "submit", str(path)]) == 2
+    assert capsys.readouterr().err == f"error: {refused.json()['error']}\n"
 
 
 @pytest.mark.parametrize(

@@ -144,3 +144,13 @@ def test_a_token_made_on_the_settings_page_submits_a_job_the_jobs_page_shows(ser
         table.locator("td", has_text="submitted with a new token").wait_for(state="attached")
         assert Client(base_url, token=token).job(job_id)["status"] == "queued"
 
+
+def test_a_sweep_submitted_from_the_client_queues_trials_tagged_with_it(deck: Client):
+    from tests.dashboard.test_api import SWEEP
+
+    sweep_id = deck.submit_sweep(SWEEP)
+    trials = deck.jobs(tag=f"sweep-{sweep_id}")
+    assert len(trials) == 2 and all("api" in job["tags"] for job in trials)
+    with pytest.raises(ApiError) as refused:
+        deck.submit_sweep({**SWEEP, "trials": 0})
+    assert refused.value.status == 400 and "trials" in refused.value.fields
