@@ -229,7 +229,10 @@ def objective_by_trial_figure(
     trials: Sequence[int], objective: Sequence[float], states: Sequence[str], metric: str
 ) -> go.Figure:
     """The objective of each trial by its number, one marker colour per state."""
-    figure = go.Figure(layout=_layout(f"{metric} by trial", "trial", metric, hovermode="closest"))
+    # Whole trial numbers only, about ten ticks at most.
+    xaxis = {"title": {"text": "trial"}, "tick0": 0, "dtick": max(1, (max(trials) + 1) // 10)}
+    layout = _layout(f"{metric} by trial", "trial", metric, hovermode="closest", xaxis=xaxis)
+    figure = go.Figure(layout=layout)
     for state in sorted(set(states)):
         chosen = [i for i, s in enumerate(states) if s == state]
         figure.add_trace(
