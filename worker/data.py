@@ -163,7 +163,9 @@ def build_dataloaders(
     opener = OpenOrSkip(record) if record is not None else open_image
     # The classes given: fastai would otherwise read every label to find them.
     tfms = [[ItemGetter(0), opener, PILImage.create], [ItemGetter(1), Categorize(items.classes)]]
-    dsets = Datasets(all_items, tfms, splits=splitter(all_items), do_setup=False)
+    # Plain ints, shared by both pipelines (fastai would turn numpy indices into new ints twice).
+    splits = [[int(index) for index in part] for part in splitter(all_items)]
+    dsets = Datasets(all_items, tfms, splits=splits, do_setup=False)
     sample = (_blank_png(), all_items[0][1])
     _set_up(dsets, sample)
     train = TfmdDL(
