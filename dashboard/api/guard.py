@@ -32,6 +32,7 @@ Endpoint = Callable[[Request, Engine], Awaitable[Response]]
 NEVER = Backoff(free=sys.maxsize, first_wait_s=0.0, max_wait_s=0.0)
 limiter = AttemptLimiter(per_client=PER_CLIENT, per_account=NEVER)
 NO_STORE = {"Cache-Control": "no-store"}
+MAX_ID = 2**63 - 1  # the largest integer SQLite and Postgres (bigint) hold
 
 
 def problem(message: str, status: int, fields: dict[str, str] | None = None, **headers: str):
@@ -91,7 +92,12 @@ def token_required(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response
         try:
             engine = get_engine()
             refused = await _refusal(request, engine)
-            return refused or await endpoint(request, engine)
+            if refused:
+                return refused
+            job_id = request.path_params.get("job_id")
+            if job_id is not None and job_id > MAX_ID:  # no database can hold that id
+                raise JobNotFound(job_id)
+            return await endpoint(request, engine)
         except SpecError as exc:
             return problem(str(exc), 400, exc.problems)
         except JobNotFound as exc:

@@ -200,6 +200,8 @@ def test_submit_list_show_label_cancel_and_retry(engine, client, capsys):
     assert retried.status_code == 201 and retried.json()["retry_of"] == job_id
     new = client.get(f"/api/v1/jobs/{retried.json()['id']}", headers=headers).json()
     assert (new["tags"], new["cloned_from"]) == (["y"], job_id)
+    huge = client.get(f"/api/v1/jobs/{10**30}/metrics", headers=headers)
+    assert (huge.status_code, huge.json()) == (404, {"error": f"no job with id {10**30}"})
     missing = client.get(f"/api/v1/jobs/{job_id + 100}", headers=headers)
     assert (missing.status_code, missing.json()) == (
         404,
