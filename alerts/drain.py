@@ -75,14 +75,25 @@ class Drainer(threading.Thread):
         self.owner = owner
         self.interval_s = interval_s
         self._stopped = threading.Event()
+        self._problem: str | None = None  # told once, not at every turn, while it lasts
 
     def run(self) -> None:
         while not self._stopped.is_set():
-            try:
-                drain(self.engine_source(), self.owner)
-            except Exception as exc:
-                log.warning("cannot drain the alert outbox: %s", first_line(exc))
+            self.turn()
             self._stopped.wait(self.interval_s)
+
+    def turn(self) -> None:
+        """Drain once; a failure is logged when it first happens or changes."""
+        try:
+            drain(self.engine_source(), self.owner)
+        except Exception as exc:
+            if first_line(exc) != self._problem:
+                log.warning("cannot drain the alert outbox: %s", first_line(exc))
+            self._problem = first_line(exc)
+            return
+        if self._problem is not None:
+            log.info("the alert outbox can be drained again")
+        self._problem = None
 
     def stop(self) -> None:
         self._stopped.set()

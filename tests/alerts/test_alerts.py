@@ -266,3 +266,23 @@ def test_real_workers_and_dashboards_send_each_alert_once(engine, receiver, tmp_
         *(f"worker:w{i}" for i in range(3)),
         *(s for s in senders if s.startswith("dashboard:")),
     }
+
+
+def test_a_drainer_without_its_database_says_so_once_and_again_when_it_is_back(
+    sqlite_engine, caplog
+):
+    from alerts.drain import Drainer
+    from db.engine import create_db_engine
+
+    caplog.set_level("INFO", logger="alerts.drain")
+    unmigrated = create_db_engine(f"sqlite:///{sqlite_engine.url.database}-empty")
+    source = [unmigrated]
+    drainer = Drainer(lambda: source[0], "worker-1")
+    for _ in range(3):
+        drainer.turn()
+    source[0] = sqlite_engine
+    drainer.turn()
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 2 and lines[0].startswith("cannot drain the alert outbox: no such table")
+    assert lines[1] == "the alert outbox can be drained again"
+    unmigrated.dispose()
