@@ -41,7 +41,8 @@ class XlaEpoch:
     device_syncs: float
     fallback_calls: float
     # The persistent compilation cache: graphs loaded instead of compiled, graphs compiled and
-    # stored, and graphs found but not loadable (XLA on the CPU cannot load them).
+    # stored, and graphs found but not loadable (torch_xla 2.8 and 2.9 load none back,
+    # pytorch/xla#9094).
     cache_hits: float = 0.0
     cache_misses: float = 0.0
     cache_load_failures: float = 0.0
@@ -149,11 +150,12 @@ def cache_summary(epochs: Sequence[XlaEpoch]) -> str | None:
         return None
     sentence = (
         f"Compilation cache: {hits:.0f} of {lookups:.0f} graphs loaded from the cache, "
-        f"{misses:.0f} compiled and stored for the next job with the same shapes"
+        f"{misses:.0f} compiled and stored in it"
     )
     if failures:
         sentence += (
             f"; {failures:.0f} found in the cache but not loadable by this XLA backend "
-            "(XLA on the CPU cannot load cached executables), so compiled again"
+            "(torch_xla 2.8 and 2.9 cannot load cached executables: pytorch/xla#9094), so "
+            "compiled again"
         )
     return sentence + "."

@@ -19,9 +19,9 @@ An XLA report's `summary` holds cumulative counters since the job's process star
 `transfer_to_device_time_s`, `transfer_from_device_time_s`, `cached_compile`,
 `uncached_compile`, `persistent_cache_hits`, `persistent_cache_misses` (compiled and stored
 in the data folder's cache), `persistent_cache_load_failures` (found in the cache but not
-loadable: XLA on the CPU), `device_syncs`, and `aten_fallbacks` (op name → count of calls that
-fell back to the CPU). Under SPMD (several devices) execute counts and times are those of the
-replicated executions, one per step over all the devices.
+loadable: torch_xla 2.8 and 2.9, pytorch/xla#9094), `device_syncs`, and `aten_fallbacks` (op
+name → count of calls that fell back to the CPU). Under SPMD (several devices) execute counts
+and times are those of the replicated executions, one per step over all the devices.
 """
 
 from __future__ import annotations

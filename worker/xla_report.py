@@ -92,8 +92,9 @@ def cache_load_failure_warning(
 ) -> str | None:
     """A warning the first time cached graphs could not be loaded from the persistent cache.
 
-    XLA's CPU backend in torch_xla 2.9 writes executables to the cache but cannot load them
-    (its PJRT client answers UNIMPLEMENTED), so there every job compiles afresh; TPUs load them.
+    torch_xla 2.9 writes executables to the cache but loads none back: on the CPU backend its
+    PJRT client answers UNIMPLEMENTED (seen here), and on a TPU torch_xla 2.8 and 2.9 cannot
+    either (pytorch/xla#9094: the TPU client has no DeserializeExecutable; 2.7 and older could).
     """
     before = (previous or {}).get("persistent_cache_load_failures", 0)
     failures = current.get("persistent_cache_load_failures", 0)
@@ -101,6 +102,6 @@ def cache_load_failure_warning(
         return None
     return (
         f"the XLA compilation cache in {cache_dir} holds {failures} graph(s) of this job that "
-        "this XLA backend could not load, so they were compiled again (XLA on the CPU cannot "
-        "load cached executables; on a TPU the cache spares the compiles of identical jobs)"
+        "this XLA backend could not load, so they were compiled again (torch_xla 2.8 and 2.9 "
+        "cannot load cached executables: pytorch/xla#9094)"
     )
