@@ -158,7 +158,8 @@ st.subheader("API tokens")
 st.caption(
     "A script or a notebook uses the HTTP API under /api/v1 (described at "
     "/api/v1/openapi.json; `traindeck.client` in Python) with a token in an "
-    "`Authorization: Bearer …` header. A token can do everything a signed-in person can."
+    "`Authorization: Bearer …` header. Whoever holds a token can submit, read, cancel and "
+    "retry jobs and download their files."
 )
 with st.form("settings.token_form", clear_on_submit=False):
     name_column, days_column = st.columns([3, 1])
