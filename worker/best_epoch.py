@@ -58,16 +58,15 @@ class BestEpochTracker(TrackerCallback):
         self.wait = 0
         self.stopped_at: int | None = None
 
-    def before_epoch(self) -> None:
-        # fastai's SkipToEpoch (a resumed fit) cancels skipped epochs in before_epoch, and
-        # after_epoch still runs for them; only epochs that train reach before_train.
-        self.trained = False
-
     def before_train(self) -> None:
         self.trained = True
 
     def after_epoch(self) -> None:
-        if not self.trained:
+        # fastai's SkipToEpoch (order 70, a resumed fit) cancels a skipped epoch in its
+        # before_epoch, before this callback's would run, and after_epoch still runs; only an
+        # epoch that trains reaches before_train. The mark is cleared for the next epoch.
+        trained, self.trained = getattr(self, "trained", False), False
+        if not trained:
             return
         super().after_epoch()  # fastai's comparison: sets best and new_best
         epoch = self.clock.global_epoch(self.epoch)
