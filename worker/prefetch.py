@@ -13,6 +13,12 @@ method gets called in the loading thread with each host batch, its result copied
 device(s) like the batch, and handed back through `receive` just before the training thread
 applies the batch transforms to that batch.
 
+Only the copy runs in the loading thread, as XLA tensors born holding their data
+(`worker.spmd.send_to_device`): the training thread's `torch_xla.sync()` takes every live XLA
+tensor into its graph, so a tensor still being made or changed in another thread would join it
+half-made. `place` may hand back plain tensors: the training thread gives each batch fastai's
+types again (TensorImage, TensorCategory) before the batch transforms.
+
 fastai's Learner still drives the loop: `PrefetchCallback` swaps the Learner's current
 DataLoader for a prefetching view of it at the start of each training and validation pass.
 After each training pass it measures how much of the pass the training thread spent waiting
@@ -31,6 +37,7 @@ from typing import Any
 
 from fastai.callback.core import Callback
 from fastai.data.core import TfmdDL
+from fastai.torch_core import retain_types
 
 log = logging.getLogger(__name__)
 # Past this share of a training pass spent waiting for input, the device mostly idles.
@@ -45,11 +52,13 @@ class _End:
 
 
 class _Loaded:
-    """A batch on the device, with what the host-side transforms made for it."""
+    """A batch on the device, with what the host-side transforms made for it, and the host
+    batch it was copied from (its tensor types)."""
 
-    def __init__(self, batch: Any, extras: list[Any]):
+    def __init__(self, batch: Any, extras: list[Any], host: Any):
         self.batch = batch
         self.extras = extras
+        self.host = host
 
 
 def host_side_transforms(dl: TfmdDL) -> list[Any]:
@@ -122,7 +131,7 @@ class DevicePrefetcher:
                 self.batches += 1
                 for tfm, extra in zip(preparers, item.extras, strict=True):
                     tfm.receive(extra)
-                yield dl.after_batch(item.batch)
+                yield dl.after_batch(retain_types(item.batch, item.host))
             dl.after_iter()
         finally:
             stop.set()
@@ -139,7 +148,7 @@ class DevicePrefetcher:
         try:
             for batch in batches:
                 extras = [tfm.host_inputs(batch, self.place) for tfm in preparers]
-                loaded = _Loaded(self.place(batch), extras)
+                loaded = _Loaded(self.place(batch), extras, batch)
                 if stop.is_set() or not self._put(ready, loaded, stop):
                     return
             self._put(ready, _End(), stop)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from fastai.callback.core import Callback
-from fastai.torch_core import apply, to_device
+from fastai.torch_core import retain_types
 from torch import nn
 
 MESH_AXIS = "data"
@@ -119,24 +119,16 @@ class DataParallel:
             self._specs[dims] = xs.ShardingSpec(self.mesh, (MESH_AXIS,) + (None,) * (dims - 1))
         return self._specs[dims]
 
+    def send(self, batch: Any) -> Any:
+        """Copy a host batch to the devices, each getting its slice of the batch dimension,
+        straight from the host to each device's shard (no full copy first). Plain tensors, safe
+        on a loading thread: `send_to_device`."""
+        return send_to_device(batch, self.device, self.batch_spec)
+
     def place(self, batch: Any) -> Any:
-        """Copy a host batch to the devices, each getting its slice of the batch dimension.
-
-        The copy goes straight from the host to each device's shard (no full copy first), and
-        fastai's tensor types (TensorImage, TensorCategory) are kept.
-        """
-        import torch_xla.core.xla_model as xm
-
-        def one(tensor: Any) -> Any:
-            if not isinstance(tensor, torch.Tensor):
-                return tensor
-            plain = tensor.as_subclass(torch.Tensor)
-            (moved,) = xm.send_cpu_data_to_device(
-                [plain], self.device, self.batch_spec(plain.dim())
-            )
-            return moved
-
-        return apply(one, batch)
+        """`send`, keeping fastai's tensor types (TensorImage, TensorCategory). For one thread:
+        the types are restored with XLA operations (`send_to_device` says why that matters)."""
+        return retain_types(self.send(batch), batch)
 
 
 def partitionable_batch_norm(module: nn.modules.batchnorm._BatchNorm, x: torch.Tensor) -> Any:
@@ -193,11 +185,52 @@ class PartitionableBatchNormCallback(Callback):
         self.layers = []
 
 
+def send_to_device(
+    batch: Any, device: torch.device, spec_for: Callable[[int], Any] | None = None
+) -> Any:
+    """Copy the tensors of a host batch to the XLA device(s) as plain tensors, each split as
+    `spec_for(its number of dimensions)` says (None: whole, on the one device).
+
+    Safe on a loading thread while the training thread traces and syncs: each tensor is made
+    by `xm.send_cpu_data_to_device`, as torch_xla's own loaders do, which uploads the data and
+    only then creates the XLA tensor around it, and nothing else touches it in this thread.
+    `tensor.to(device)` (fastai's `to_device`) instead creates an empty tensor first, a pending
+    computation already among the live tensors, then uploads and sets its value. A
+    `torch_xla.sync()` on the training thread in between (one per batch) takes the half-made
+    tensor into its graph: it can donate the batch's fresh buffer (the next step then fails,
+    "buffer ... is deleted"), write the graph's zeros into it, or add a graph output (one more
+    compile). fastai's types are left off for the same reason: restoring one (`as_subclass`)
+    runs an XLA operation on the tensor; the prefetcher restores them on the training thread.
+    """
+    import torch_xla.core.xla_model as xm
+
+    def one(tensor: torch.Tensor) -> torch.Tensor:
+        # send_cpu_data_to_device copies plain tensors only: it leaves a TensorImage on the host.
+        plain = tensor.as_subclass(torch.Tensor)
+        spec = spec_for(plain.dim()) if spec_for is not None else None
+        (moved,) = xm.send_cpu_data_to_device([plain], device, spec)
+        return moved
+
+    return _map_tensors(one, batch)
+
+
+def _map_tensors(function: Callable[[torch.Tensor], Any], batch: Any) -> Any:
+    """`function` applied to each tensor of a (nested) tuple, list or dict; the rest kept."""
+    if isinstance(batch, torch.Tensor):
+        return function(batch)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)([_map_tensors(function, item) for item in batch])
+    if isinstance(batch, dict):
+        return {key: _map_tensors(function, value) for key, value in batch.items()}
+    return batch
+
+
 def placement(device: torch.device, parallel: DataParallel | None) -> Callable[[Any], Any]:
-    """The function that moves a host batch to where training reads it."""
+    """How the prefetch thread copies a host batch to where training reads it (plain tensors:
+    the prefetcher restores fastai's types on the training thread)."""
     if parallel is not None:
-        return parallel.place
-    return lambda batch: to_device(batch, device)
+        return parallel.send
+    return functools.partial(send_to_device, device=device)
 
 
 def local_batch_shapes(tensor: torch.Tensor) -> list[tuple[int, ...]]:
