@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -52,6 +53,30 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def keep_python_numbers_out_of_the_graph() -> None:
+    """Every Python number a traced op takes reaches an XLA graph as an input of its own, so a
+    hyper-parameter that changes during training never changes the step's graph.
+
+    torch_xla bakes the numbers 0 and ±1 into the graph as constants, and passes any other as
+    device data shared by every number of the same value. A changing number that reaches 1,
+    or the value of another one, changes the graph, which then compiles again mid-training:
+    fastai's weight-decay factor 1 - lr·wd rounds to 1.0 in float32 at the low end of a
+    one-cycle schedule (seen: a new training graph in epoch 3 of 3, with one input fewer), as
+    Adam's bias correction 1 - 0.99^step does after about 1,650 steps. Called before torch_xla
+    starts its runtime: XLA_NO_SPECIAL_SCALARS is read once. Importing torch_xla picks a
+    default PJRT device, so on a worker with neither a TPU nor PJRT_DEVICE it is left for the
+    training to refuse the job with its reason.
+    """
+    from worker.devices import tpu_present
+
+    os.environ.setdefault("XLA_NO_SPECIAL_SCALARS", "1")
+    if not tpu_present() and not os.environ.get("PJRT_DEVICE"):
+        return
+    import torch_xla
+
+    torch_xla._XLAC._set_xla_enable_device_data_cache(False)
+
+
 def _configure_logging(job_id: int, writer) -> None:
     terminal = logging.StreamHandler(sys.stderr)
     terminal.setFormatter(logging.Formatter(f"{LOG_PREFIX}{job_id}] %(levelname)s %(message)s"))
@@ -70,6 +95,8 @@ def _configure_logging(job_id: int, writer) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
+    if args.device == "xla":
+        keep_python_numbers_out_of_the_graph()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; it sends SIGTERM
