@@ -84,20 +84,21 @@ def bare_fit(learn: Any, place: Any, epochs: int) -> tuple[float, float]:
     import torch.nn.functional as F
     import torch_xla
 
-    from worker.callbacks import YOUNG_GENERATIONS
     from worker.device_values import read_to_host
     from worker.prefetch import DevicePrefetcher
 
     model, opt, dls = learn.model, learn.opt, learn.dls
     loss = accuracy = float("nan")
     for _ in range(epochs):
+        gc.collect()  # as XlaStepCallback: frozen, the per-step full collection stays cheap
+        gc.freeze()
         model.train()
         for xb, yb in DevicePrefetcher(dls.train, place):
             xb, yb = xb.as_subclass(torch.Tensor), yb.as_subclass(torch.Tensor)
             F.cross_entropy(model(xb), yb).backward()
             opt.step()
             opt.zero_grad()
-            gc.collect(YOUNG_GENERATIONS)  # as XlaStepCallback: the batch transforms' cycles
+            gc.collect()  # as XlaStepCallback: the batch transforms' cycles
             torch_xla.sync()
         model.eval()
         total_loss = correct = None
@@ -113,11 +114,12 @@ def bare_fit(learn: Any, place: Any, epochs: int) -> tuple[float, float]:
                 else:
                     total_loss, correct = total_loss + batch_loss, correct + batch_correct
                 count += len(yb)
-                gc.collect(YOUNG_GENERATIONS)
+                gc.collect()
                 torch_xla.sync()
         if total_loss is not None:
             host_loss, host_correct = read_to_host([total_loss, correct])
             loss, accuracy = float(host_loss) / count, float(host_correct) / count
+    gc.unfreeze()
     return loss, accuracy
 
 

@@ -34,9 +34,6 @@ log = logging.getLogger("worker.training")
 # fastai's epoch-log column names → traindeck's metric names (the `epoch/` prefix is added).
 EPOCH_COLUMN_NAMES = {"top_k_accuracy": "top5_accuracy"}
 
-# gc generations 0 and 1: what one step allocates, at a fraction of a full collection's cost.
-YOUNG_GENERATIONS = 1
-
 
 def in_lr_find(learn: Any) -> bool:
     return any(isinstance(cb, LRFinder) for cb in learn.cbs)
@@ -315,21 +312,31 @@ class XlaStepCallback(Callback):
     (forward, backward, optimizer update) executes as one computation, and right after
     `DeviceValuesCallback` (order -21) adds the batch's loss and metrics to it.
 
-    Before the sync it collects Python's young garbage. fastai's batch transforms leave
-    reference cycles behind (the tracebacks of the type-dispatch misses in fasttransform hold
-    the batch), and XLA counts a tensor as live until its Python object is freed: a sync makes
-    every live tensor with pending work an output of the step's graph. Whether the cycle
-    collector had run by then depended on allocations in other threads, so the same step
-    traced as different graphs and compiled again, at random, in any epoch.
+    Before the sync it collects Python's garbage. fastai's batch transforms leave reference
+    cycles behind (the tracebacks of the type-dispatch misses in fasttransform hold the batch),
+    and XLA counts a tensor as live until its Python object is freed: a sync makes every live
+    tensor with pending work an output of the step's graph. Collecting the young generations
+    only was not enough: a cycle that an automatic collection found still in use was moved to
+    the oldest generation, and the next sync then had IntToFloatTensor's intermediate tensors
+    as two more outputs, a new validation graph in epoch 2 or 3 (seen on the recipe). So every
+    sync follows a full collection, kept cheap by freezing what exists at each epoch's start
+    (`gc.freeze`: the collection skips it), and the fit's end unfreezes it.
     """
 
     order = -20
 
+    def before_epoch(self) -> None:
+        gc.collect()
+        gc.freeze()
+
     def after_batch(self) -> None:
         import torch_xla
 
-        gc.collect(YOUNG_GENERATIONS)
+        gc.collect()
         torch_xla.sync()
+
+    def after_fit(self) -> None:
+        gc.unfreeze()
 
 
 class XlaReportCallback(TrainedEpochCallback):
