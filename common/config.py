@@ -69,6 +69,11 @@ def checkpoint_interval_s() -> float:
     return settings().checkpoint_interval_s
 
 
+def jobs_per_process() -> int:
+    """How many jobs with the same graphs one XLA job process may serve in turn."""
+    return settings().jobs_per_process
+
+
 def xla_read_every() -> int:
     """Training steps between two reads of the loss from an XLA device."""
     return settings().xla_read_every

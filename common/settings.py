@@ -128,6 +128,15 @@ class Settings(BaseSettings):
         le=MAX_SECONDS,
         allow_inf_nan=False,
     )
+    # On XLA a job process whose job succeeded may serve the next job with the same graphs,
+    # so XLA's in-memory cache spares it the compiles (worker.job_channel); 1: never.
+    jobs_per_process: int = _setting(
+        10,
+        "TRAINDECK_JOBS_PER_PROCESS",
+        "a whole number of jobs, at least 1 (at most 1000)",
+        ge=1,
+        le=1_000,
+    )
     # On XLA the training loss stays on the device and is read in chunks (worker.device_values).
     xla_read_every: int = _setting(
         10,

@@ -159,3 +159,18 @@ def cache_summary(epochs: Sequence[XlaEpoch]) -> str | None:
             "compiled again"
         )
     return sentence + "."
+
+
+def kept_graphs_summary(reports: Sequence[tuple[int, Mapping[str, Any]]]) -> str | None:
+    """One sentence when the job ran in a worker process that had trained a job with the same
+    graphs before it (the latest attempt's reports say so), else None."""
+    last = list(last_report_per_epoch(reports).values())
+    latest = last[-1] if last else {}
+    source = latest.get("graphs_kept_from_job")
+    if not isinstance(source, int) or "graphs_kept" not in latest:
+        return None
+    return (
+        f"Graphs kept from job {source}: this job ran in the worker process that trained job "
+        f"{source} before it, with {_number(latest, 'graphs_kept'):.0f} compiled graphs in "
+        f"memory; this job compiled {_number(latest, 'compile_count'):.0f} of its own."
+    )

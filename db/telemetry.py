@@ -21,7 +21,10 @@ An XLA report's `summary` holds cumulative counters since the job's process star
 in the data folder's cache), `persistent_cache_load_failures` (found in the cache but not
 loadable: torch_xla 2.8 and 2.9, pytorch/xla#9094), `device_syncs`, and `aten_fallbacks` (op
 name → count of calls that fell back to the CPU). Under SPMD (several devices) execute counts
-and times are those of the replicated executions, one per step over all the devices.
+and times are those of the replicated executions, one per step over all the devices. A job
+that ran in a worker process after another job with the same graphs (`worker.job_channel`)
+counts from its own start, and its reports add `graphs_kept` (compiled graphs in the process's
+memory when it started) and `graphs_kept_from_job` (that previous job's id).
 """
 
 from __future__ import annotations

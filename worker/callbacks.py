@@ -344,10 +344,17 @@ class XlaReportCallback(TrainedEpochCallback):
 
     order = 65
 
-    def __init__(self, writer: TelemetryWriter, clock: TrainingClock, cache_dir: str = ""):
+    def __init__(
+        self,
+        writer: TelemetryWriter,
+        clock: TrainingClock,
+        cache_dir: str = "",
+        kept: dict[str, int] | None = None,
+    ):
         self.writer = writer
         self.clock = clock
         self.cache_dir = cache_dir or "the data folder"
+        self.kept = kept or {}  # graphs kept from the process's previous job (training.py)
         self.previous: dict[str, Any] | None = None
         self.first_epoch_reported: int | None = None
 
@@ -357,7 +364,7 @@ class XlaReportCallback(TrainedEpochCallback):
         from worker import xla_report
 
         epoch = self.clock.global_epoch(self.epoch)
-        summary = xla_report.read_summary()
+        summary = {**xla_report.read_summary(), **self.kept}
         self.writer.add_xla_report(epoch, summary, xla_report.read_raw_report())
         if self.first_epoch_reported is None:
             self.first_epoch_reported = epoch

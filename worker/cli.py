@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m worker") -> int:
             device=args.device,
             once=args.once,
             max_jobs=args.max_jobs,
+            jobs_per_process=config.jobs_per_process(),
             poll_interval_s=args.poll_interval,
             heartbeat_interval_s=config.heartbeat_interval_s(),
             heartbeat_timeout_s=config.heartbeat_timeout_s(),

@@ -1,7 +1,10 @@
-"""The child process that trains one job: `python -m worker.job_process --job-id N ...`.
+"""The child process that trains a job: `python -m worker.job_process --job-id N ...`.
 
-Started by the supervisor, one per job, so that a crash, a leak or a wedged device ends with
-the process and the supervisor lives on. It owns the accelerator while it runs.
+Started by the supervisor for one job, so that a crash, a leak or a wedged device ends with
+the process and the supervisor lives on. It owns the accelerator while it runs. Started with
+`--report-fd` (on XLA), after a job that succeeded it may be handed the next job with the same
+graphs, which XLA's in-memory cache then serves (`worker.job_channel`); a job that fails or is
+stopped ends it as before.
 
 Exit codes: 0 trained and exported; 3 stopped because the supervisor asked (SIGTERM);
 4 a sweep's trial its pruner stopped, the reason written to the --error-file;
@@ -50,6 +53,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("xla", "cuda", "cpu"), required=True)
     parser.add_argument("--parent-pid", type=int, default=None)
     parser.add_argument("--error-file", type=Path, required=True)
+    parser.add_argument("--report-fd", type=int, default=None)
     return parser.parse_args(argv)
 
 
@@ -101,30 +105,53 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; it sends SIGTERM
 
+    from db.engine import get_engine
+    from worker.job_channel import Assignment, next_assignment
+
+    engine = get_engine()
+    assignment = Assignment(args.job_id, args.lease, str(args.error_file))
+    previous: int | None = None
+    while True:
+        exit_code = run_job(engine, args, assignment, stop, previous)
+        if exit_code != EXIT_OK or stop.is_set() or args.report_fd is None:
+            return exit_code
+        following = next_assignment(args.report_fd, assignment.job_id, sys.stdin)
+        if following is None or stop.is_set():
+            return EXIT_OK
+        previous, assignment = assignment.job_id, following
+
+
+def run_job(
+    engine, args: argparse.Namespace, assignment, stop: threading.Event, previous: int | None
+) -> int:
+    """Train one job; its exit code. `previous`: the job this process trained before it."""
     from common.files import job_dir
-    from db.engine import get_engine, retry_while_unavailable
+    from db.engine import retry_while_unavailable
     from db.queue import Lease, get_job
     from db.spec import JobSpec
     from db.sweeps import trial_of
     from worker.checkpoint import write_failure
     from worker.reporter import TelemetryWriter
 
-    engine = get_engine()
-    lease = Lease(args.job_id, args.worker_id, args.lease)
+    lease = Lease(assignment.job_id, args.worker_id, assignment.lease)
     writer = TelemetryWriter(engine, lease)
-    _configure_logging(args.job_id, writer)
+    _configure_logging(assignment.job_id, writer)
     log = logging.getLogger("worker.job")
+    after = f", which trained job {previous} before" if previous is not None else ""
+    log.info("job process %d%s", os.getpid(), after)
     from worker import training
 
     try:
         job = retry_while_unavailable(
-            lambda: get_job(engine, args.job_id), "read the job", give_up=stop.is_set
+            lambda: get_job(engine, assignment.job_id), "read the job", give_up=stop.is_set
         )
         spec = JobSpec.model_validate(job.spec)
         trial = retry_while_unavailable(
-            lambda: trial_of(engine, args.job_id), "read the job's sweep", give_up=stop.is_set
+            lambda: trial_of(engine, assignment.job_id),
+            "read the job's sweep",
+            give_up=stop.is_set,
         )
-        folder = job_dir(args.job_id)
+        folder = job_dir(assignment.job_id)
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -139,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             stop=stop,
             parent_pid=args.parent_pid,
             trial=trial,
+            previous_job=previous,
         )
         training.run(context)
         return EXIT_OK
@@ -147,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_STOPPED
     except training.TrialPruned as pruned:
         log.info("%s", pruned)
-        _write_error(args.error_file, str(pruned))
+        _write_error(Path(assignment.error_file), str(pruned))
         return EXIT_PRUNED
     except Exception as exc:
         if stop.is_set():
@@ -159,15 +187,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             message = traceback.format_exc()
             log.error("training failed:\n%s", message)
-        _write_error(args.error_file, message)
+        _write_error(Path(assignment.error_file), message)
         return EXIT_FAILED
     finally:
         if not writer.close(WRITER_CLOSE_TIMEOUT_S):
             print(
-                f"{LOG_PREFIX}{args.job_id}] WARNING could not write the last metrics to the "
-                f"database ({writer.pending_points} points lost)",
+                f"{LOG_PREFIX}{assignment.job_id}] WARNING could not write the last metrics to "
+                f"the database ({writer.pending_points} points lost)",
                 file=sys.stderr,
             )
+        root = logging.getLogger()  # the job's log is closed: what comes next is not its
+        root.handlers[:] = [h for h in root.handlers if not isinstance(h, WriterLogHandler)]
 
 
 def _write_error(path: Path, message: str) -> None:

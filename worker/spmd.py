@@ -104,7 +104,8 @@ class DataParallel:
         import torch_xla.distributed.spmd as xs
         import torch_xla.runtime as xr
 
-        xr.use_spmd()
+        if not xr.is_spmd():  # a kept job process turned it on for its previous job
+            xr.use_spmd()
         devices = xr.global_runtime_device_count()
         mesh = xs.Mesh(np.arange(devices), (devices,), (MESH_AXIS,))
         return cls(devices=devices, device=torch_xla.device(), mesh=mesh)

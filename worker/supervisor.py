@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import queue as queues
 import signal
 import socket
 import subprocess
@@ -31,6 +32,7 @@ from db import queue, sweeps, telemetry, workers
 from db.engine import Engine, retry_with_backoff
 from db.queue import ClaimedJob, JobSignal
 from worker import devices
+from worker.job_channel import Assignment, graph_key, read_done
 from worker.job_process import EXIT_OK, EXIT_PRUNED, EXIT_STOPPED, LOG_PREFIX
 
 log = logging.getLogger("worker")
@@ -53,6 +55,7 @@ class SupervisorOptions:
     heartbeat_interval_s: float = 5.0
     heartbeat_timeout_s: float = 60.0
     stop_grace_s: float = STOP_GRACE_S
+    jobs_per_process: int = 1  # on XLA, jobs one process may serve in turn (job_channel)
 
 
 def default_worker_id() -> str:
@@ -69,20 +72,126 @@ def _die_with_parent() -> None:
         pass  # not Linux: the child also checks its parent at every batch
 
 
-class RunningJob:
-    """A claimed job and its child process, with why we asked it to stop (if we did)."""
+class JobProcess:
+    """A job process and the threads that read its output and its reports.
 
-    def __init__(self, job: ClaimedJob, process: subprocess.Popen[str], error_file: str):
-        self.job = job
+    It serves one job, or on XLA, while its jobs succeed, the next ones with the same graphs
+    (`worker.job_channel`): `current` is the job it trains now, whose log gets its output.
+    """
+
+    def __init__(self, process: subprocess.Popen[str], key: tuple | None, report_fd: int | None):
         self.process = process
+        self.key = key
+        self.jobs = 0
+        self.last_job: int | None = None
+        self.current: RunningJob | None = None
+        self.output_lock = threading.Lock()
+        self.done: queues.SimpleQueue[int] = queues.SimpleQueue()
+        streams = [process.stdout, process.stderr]
+        self.readers = [
+            threading.Thread(target=self._relay, args=(stream,), daemon=True) for stream in streams
+        ]
+        if report_fd is not None:
+            reports = os.fdopen(report_fd, encoding="utf-8", errors="replace")
+            reader = threading.Thread(target=self._reports, args=(reports,), daemon=True)
+            self.readers.append(reader)
+        for reader in self.readers:
+            reader.start()
+
+    def assign(self, running: RunningJob, assignment: Assignment | None = None) -> bool:
+        """Make `running` this process's job; with an `assignment`, send it to the waiting
+        process. False when the process is gone or its input closed."""
+        if assignment is not None:
+            if self.process.poll() is not None or self.process.stdin is None:
+                return False
+            try:
+                self.process.stdin.write(assignment.to_line())
+                self.process.stdin.flush()
+            except OSError:
+                return False
+        with self.output_lock:
+            self.current = running
+        self.jobs += 1
+        self.last_job = running.job.id
+        return True
+
+    def finished(self, job_id: int) -> bool:
+        """Whether the process reported `job_id` done and waits for another."""
+        with contextlib.suppress(queues.Empty):
+            while True:
+                if self.done.get_nowait() == job_id:
+                    return True
+        return False
+
+    def close(self, grace_s: float) -> None:
+        """End the process (its input closed, it exits; killed if it does not within
+        `grace_s`) and wait for the last of its output."""
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        try:
+            self.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.join_readers()
+
+    def join_readers(self) -> None:
+        for reader in self.readers:
+            reader.join(timeout=10)
+
+    def _relay(self, stream: IO[str] | None) -> None:
+        """Echo the process's output here, and keep lines its logging did not already store."""
+        if stream is None:
+            return
+        for line in stream:
+            sys.stderr.write(line)
+            line = line.rstrip("\n")
+            if not line:
+                continue
+            with self.output_lock:
+                running = self.current
+                if running is None:
+                    continue
+                running.output_tail.append(line)
+                if not line.startswith(LOG_PREFIX):
+                    running.output_for_log.append(("output", line))
+
+    def _reports(self, stream: IO[str]) -> None:
+        with stream:
+            for line in stream:
+                job_id = read_done(line)
+                if job_id is not None:
+                    self.done.put(job_id)
+
+
+class RunningJob:
+    """A claimed job, the process training it, and why we asked it to stop (if we did)."""
+
+    def __init__(self, job: ClaimedJob, worker: JobProcess, error_file: str):
+        self.job = job
+        self.worker = worker
+        self.process = worker.process
         self.error_file = error_file
         self.started = time.monotonic()
         self.stop_reason: str | None = None
         self.stop_sent_at: float | None = None
         self.killed = False
+        self.reported_done = False
         self.output_tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self.output_for_log: list[tuple[str, str]] = []
-        self.output_lock = threading.Lock()
+
+    @property
+    def output_lock(self) -> threading.Lock:
+        return self.worker.output_lock
+
+    def outcome(self) -> int | None:
+        """The job's exit code once it is over: its process's, or 0 when the process reported
+        the job done and waits for another."""
+        if self.worker.finished(self.job.id):  # first: the process may have ended since
+            self.reported_done = True
+            return 0
+        return self.process.poll()
 
     def ask_to_stop(self, reason: str) -> None:
         if self.stop_reason is None:
@@ -105,6 +214,7 @@ class Supervisor:
         self.options = options
         self.shutdown_requests = 0
         self.running: RunningJob | None = None
+        self.kept: JobProcess | None = None  # a process whose job succeeded, kept for the next
         self.jobs_run = 0
         self.signal = JobSignal(engine)
         self._last_worker_beat = 0.0
@@ -156,6 +266,7 @@ class Supervisor:
                     break
         finally:
             drainer.stop()
+            self._close_kept()
             self.signal.close()
             self._try(lambda: workers.worker_stopped(self.engine, self.options.worker_id))
         return 0
@@ -186,6 +297,83 @@ class Supervisor:
         folder = job_dir(job.id)
         folder.mkdir(parents=True, exist_ok=True)
         error_file = str(folder / f".error-{job.lease.lease}.txt")
+        key = graph_key(job.spec, device) if self.options.jobs_per_process > 1 else None
+        running = self._hand_to_kept(job, key, error_file)
+        if running is None:
+            log.info(
+                "job %d (%s): attempt %d/%d on %s",
+                job.id,
+                job.name,
+                job.attempts,
+                job.max_attempts,
+                device,
+            )
+            worker = self._start_process(job, device, key, error_file)
+            running = RunningJob(job, worker, error_file)
+            worker.assign(running)
+        worker = running.worker
+        self.running = running
+        try:
+            exit_code = self._watch(running)
+        finally:
+            self.running = None
+        if not running.reported_done:
+            worker.join_readers()  # the process ended: the last of its output is read
+        self._flush_output(running)
+        self._record_outcome(running, exit_code)
+        with worker.output_lock:
+            worker.current = None
+        if self._may_keep(running, exit_code):
+            self.kept = worker
+        else:
+            worker.close(self.options.stop_grace_s)
+
+    def _hand_to_kept(
+        self, job: ClaimedJob, key: tuple | None, error_file: str
+    ) -> RunningJob | None:
+        """The job, handed to the kept process when its graphs are those of the process's last
+        job; else None, and a kept process is ended first (a TPU has one owner)."""
+        worker, self.kept = self.kept, None
+        if worker is None:
+            return None
+        if key is not None and key == worker.key:
+            previous = worker.last_job
+            running = RunningJob(job, worker, error_file)
+            if worker.assign(running, Assignment(job.id, job.lease.lease, error_file)):
+                log.info(
+                    "job %d (%s): attempt %d/%d in the process of job %d, which compiled "
+                    "the same graphs",
+                    job.id,
+                    job.name,
+                    job.attempts,
+                    job.max_attempts,
+                    previous,
+                )
+                return running
+        worker.close(self.options.stop_grace_s)
+        return None
+
+    def _may_keep(self, running: RunningJob, exit_code: int) -> bool:
+        """Only a process whose job succeeded and that nobody asked to stop serves another."""
+        return (
+            exit_code == EXIT_OK
+            and running.reported_done
+            and running.stop_reason is None
+            and running.stop_sent_at is None
+            and not running.killed
+            and self.shutdown_requests == 0
+            and not self.options.once
+            and running.worker.jobs < self.options.jobs_per_process
+        )
+
+    def _close_kept(self) -> None:
+        worker, self.kept = self.kept, None
+        if worker is not None:
+            worker.close(self.options.stop_grace_s)
+
+    def _start_process(
+        self, job: ClaimedJob, device: str, key: tuple | None, error_file: str
+    ) -> JobProcess:
         command = [
             sys.executable, "-m", "worker.job_process",
             "--job-id", str(job.id),
@@ -195,46 +383,38 @@ class Supervisor:
             "--parent-pid", str(os.getpid()),
             "--error-file", error_file,
         ]  # fmt: skip
-        log.info(
-            "job %d (%s): attempt %d/%d on %s",
-            job.id,
-            job.name,
-            job.attempts,
-            job.max_attempts,
-            device,
-        )
-        process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-            bufsize=1,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-        running = self.running = RunningJob(job, process, error_file)
-        relays = [
-            threading.Thread(target=self._relay, args=(running, stream), daemon=True)
-            for stream in (process.stdout, process.stderr)
-        ]
-        for relay in relays:
-            relay.start()
+        report_read = report_write = None
+        if key is not None:
+            report_read, report_write = os.pipe()
+            command += ["--report-fd", str(report_write)]
         try:
-            exit_code = self._watch(running)
-        finally:
-            self.running = None
-        for relay in relays:
-            relay.join(timeout=10)
-        self._flush_output(running)
-        self._record_outcome(running, exit_code)
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE if key is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+                bufsize=1,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+                pass_fds=(report_write,) if report_write is not None else (),
+            )
+        except BaseException:
+            for fd in (report_read, report_write):
+                if fd is not None:
+                    os.close(fd)
+            raise
+        if report_write is not None:
+            os.close(report_write)  # the child holds it: our reader sees the end when it exits
+        return JobProcess(process, key, report_read)
 
     def _watch(self, running: RunningJob) -> int:
         job = running.job
         time_limit = job.spec.get("time_limit")
         next_beat = 0.0
         while True:
-            exit_code = running.process.poll()
+            exit_code = running.outcome()
             if exit_code is not None:
                 return exit_code
             now = time.monotonic()
@@ -349,20 +529,6 @@ class Supervisor:
         return f"the training process exited with code {exit_code}" + (f":\n{tail}" if tail else "")
 
     # --- the child's output ---
-
-    def _relay(self, running: RunningJob, stream: IO[str] | None) -> None:
-        """Echo the child's output here, and keep lines its logging did not already store."""
-        if stream is None:
-            return
-        for line in stream:
-            sys.stderr.write(line)
-            line = line.rstrip("\n")
-            if not line:
-                continue
-            with running.output_lock:
-                running.output_tail.append(line)
-                if not line.startswith(LOG_PREFIX):
-                    running.output_for_log.append(("output", line))
 
     def _flush_output(self, running: RunningJob) -> None:
         with running.output_lock:

@@ -99,6 +99,7 @@ class TrainingContext:
     kept_epoch: int | None = None
     # The global epoch after which the sweep's pruner stopped the trial.
     pruned_at: int | None = None
+    previous_job: int | None = None  # the job this process trained before, graphs kept
 
     def db(self, action: Callable[[], T], what: str) -> T:
         """A database call of the job process, tried again while the database is locked or
@@ -190,10 +191,9 @@ def _open_xla(cores: int | None) -> DeviceSetup:
 
     cache = xla_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    try:
+    # Once per process: a kept job process (worker.job_channel) opened it for its first job.
+    if not torch_xla._XLAC._xla_computation_cache_is_initialized():
         xr.initialize_cache(str(cache), readonly=False)
-    except RuntimeError as exc:  # already initialised in this process
-        log.debug("XLA compilation cache not initialised again: %s", exc)
     available = xr.global_runtime_device_count()
     device_type = xr.device_type()
     try:
@@ -313,6 +313,7 @@ def run(ctx: TrainingContext) -> Path:
     set_seed(spec.seed)
     setup = open_device(ctx.device_kind, spec.cores)
     device, device_label = setup.device, setup.label
+    kept = _graphs_kept(ctx) if device.type == "xla" else {}
     log.info("training %s on %s (%s)", spec.display_name, device_label, spec.dataset)
     if setup.parallel is not None:
         try:
@@ -358,7 +359,7 @@ def run(ctx: TrainingContext) -> Path:
         ]
     )
     if device.type == "xla":
-        learn.add_cb(XlaReportCallback(ctx.writer, clock, str(xla_cache_dir())))
+        learn.add_cb(XlaReportCallback(ctx.writer, clock, str(xla_cache_dir()), kept))
     if any_armed():
         learn.add_cb(FailpointCallback())
 
@@ -501,6 +502,24 @@ def keep_epoch(learn: Learner, best: BestEpochTracker) -> int:
         best.metric,
         best.best,
         last + 1,
+    )
+    return kept
+
+
+def _graphs_kept(ctx: TrainingContext) -> dict[str, int]:
+    """In a process that trained a job before this one: its XLA metrics restart from zero (so
+    this job's reports count its own compiles) and the graphs compiled for the previous job,
+    in memory, are counted for the XLA panel."""
+    if ctx.previous_job is None:
+        return {}
+    from worker import xla_report
+
+    kept = xla_report.restart_counting(ctx.previous_job)
+    log.info(
+        "%d compiled XLA graph(s) of job %d are kept in this process's memory: graphs this job "
+        "shares with it are not compiled again",
+        kept["graphs_kept"],
+        ctx.previous_job,
     )
     return kept
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 NANOSECONDS = 1e9
+FRESH_PROCESS_SEED = 101  # xm.get_rng_state() in a new process (seen with torch_xla 2.9)
 
 # torch_xla metric → (count key, seconds key). Several metrics may add up into one pair: under
 # SPMD a graph runs as `ExecuteReplicated` (once over every device) instead of `Execute`.
@@ -105,3 +106,20 @@ def cache_load_failure_warning(
         "this XLA backend could not load, so they were compiled again (torch_xla 2.8 and 2.9 "
         "cannot load cached executables: pytorch/xla#9094)"
     )
+
+
+def restart_counting(previous_job: int) -> dict[str, int]:
+    """At the start of a job in a process that trained `previous_job`: clear torch_xla's
+    metrics, so this job's reports count its own compiles, put XLA's random numbers back where
+    a fresh process has them, and count the compiled graphs kept in memory (XLA's in-memory
+    cache), which serve this job wherever its graphs are the same."""
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.debug.metrics as met
+
+    met.clear_all()
+    # The random numbers a fresh process starts from (torch_xla's default seed, 101), so the
+    # job's dropout masks, and its numbers, do not depend on which process trains it.
+    xm.set_rng_state(FRESH_PROCESS_SEED)
+    graphs = int(torch_xla._XLAC._xla_get_num_cached_compilation_graph())
+    return {"graphs_kept": graphs, "graphs_kept_from_job": previous_job}

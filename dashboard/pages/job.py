@@ -289,6 +289,9 @@ def diagnostics_tab(engine: Engine, job: Job, live: LiveJob) -> None:
     cache = xla.cache_summary(epochs)
     if cache:
         st.caption(cache)
+    kept = xla.kept_graphs_summary(live.xla)
+    if kept:
+        st.caption(kept)
     st.markdown("**Ops that fell back to the CPU** (each call leaves the XLA device)")
     fallbacks = xla.fallback_rows(live.xla)
     if fallbacks:

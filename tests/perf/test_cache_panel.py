@@ -78,3 +78,35 @@ def test_the_job_page_shows_cache_hits_and_misses(engine, _fresh_engine_cache):
     assert (
         "Compilation cache: 13 of 15 graphs loaded from the cache, 2 compiled and stored in it."
     ) in captions
+
+
+def test_a_job_that_followed_one_with_the_same_graphs_says_how_many_it_found_compiled():
+    kept = {"graphs_kept": 7, "graphs_kept_from_job": 41}
+    reused = [(0, seed.xla_summary(0) | kept), (1, seed.xla_summary(1) | kept)]
+    assert xla.kept_graphs_summary(reused) == (
+        "Graphs kept from job 41: this job ran in the worker process that trained job 41 "
+        "before it, with 7 compiled graphs in memory; this job compiled 1 of its own."
+    )
+    assert xla.kept_graphs_summary([(0, seed.xla_summary(6))]) is None
+    retried = [(0, seed.xla_summary(0) | kept), (1, seed.xla_summary(6))]  # a fresh process
+    assert xla.kept_graphs_summary(retried) is None
+    assert xla.kept_graphs_summary([]) is None
+
+
+def test_the_job_page_shows_the_graphs_kept_from_the_previous_job(engine, _fresh_engine_cache):
+    queue.submit(engine, {"name": "second", "epochs": 1, "device": "xla"})
+    job = queue.claim(engine, "worker-a")
+    kept = {"graphs_kept": 6, "graphs_kept_from_job": 3}
+    add_xla_report(engine, job.id, 0, seed.xla_summary(0) | kept, "Metric: CompileTime")
+
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.switch_page("pages/job.py")
+    at.query_params["job"] = str(job.id)
+    at.session_state["job.tab"] = "Diagnostics"
+    at.run()
+
+    assert not at.exception, [e.value for e in at.exception]
+    assert (
+        "Graphs kept from job 3: this job ran in the worker process that trained job 3 before "
+        "it, with 6 compiled graphs in memory; this job compiled 0 of its own."
+    ) in [caption.value for caption in at.caption]
