@@ -273,10 +273,11 @@ def test_removing_an_upload_deletes_its_files_but_never_a_users_folder(
     with pytest.raises(DatasetError, match=f"used by queued or running jobs \\({job_id}\\)"):
         unregister_dataset(engine, "uploaded")
     queue.cancel(engine, job_id)
+    manifest_url = get_dataset(engine, "uploaded").manifest_url
     deleted = unregister_dataset(engine, "uploaded")
     unregister_dataset(engine, "mine")
 
-    assert deleted == [str(uploads_dir() / "uploaded")]
+    assert sorted(deleted) == sorted([manifest_url, str(uploads_dir() / "uploaded")])
     assert files_under(uploads_dir()) == set()
     assert len(list(own.glob("*/*.png"))) == 4
     assert list_datasets(engine) == []

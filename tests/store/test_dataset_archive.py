@@ -25,7 +25,13 @@ def test_a_folder_is_packed_once_fetched_checked_and_removed_with_its_last_datas
     first, second = get_dataset(engine, "pets"), get_dataset(engine, "pets-again")
     assert first.archive_url.startswith("gs://traindeck-test/td/datasets/")
     assert first.archive_url == second.archive_url, "the same files: one archive"
-    assert store.list_keys("datasets") == [f"datasets/{first.archive_sha256}.tar"]
+    assert first.manifest_sha256 == second.manifest_sha256, "the same files: one manifest"
+    assert sorted(store.list_keys("datasets")) == sorted(
+        [
+            f"datasets/{first.archive_sha256}.tar",
+            f"datasets/{first.manifest_sha256}.manifest.json.gz",
+        ]
+    )
 
     copy = fetch_archive(first)
     assert copy == cache_dir() / first.archive_sha256 and (copy / COMPLETE).is_file()
