@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from common import config
-from common.cliargs import EXIT_USER_ERROR, Parser, job_id, positive_int
+from common.cliargs import EXIT_USER_ERROR, Parser, command_group, job_id, positive_int
 from common.entry import run_main
 from datasets.builtin import register_builtin_datasets
 from datasets.labelling import DatasetError
@@ -521,21 +521,18 @@ def build_parser(prog: str = "traindeck") -> argparse.ArgumentParser:
         command(name, handler, help_text).add_argument("id", type=job_id, help="job id")
 
     sweep_cli.add_commands(commands)
-    dataset = commands.add_parser("dataset", help="register and list image datasets")
-    dataset_commands = dataset.add_subparsers(
-        dest="dataset_command", required=True, metavar="COMMAND", parser_class=Parser
+    dataset_subs = command_group(
+        commands,
+        "dataset",
+        "register and list image datasets",
+        "dataset_command",
+        (
+            ("list", cmd_dataset_list, "registered datasets with their classes and image counts"),
+            ("builtin", cmd_dataset_builtin, "write the built-in digits set and register it"),
+            ("add", cmd_dataset_add, "check and register a folder, CSV, zip or URL dataset"),
+            ("remove", cmd_dataset_remove, "unregister a dataset (and delete an upload's files)"),
+        ),
     )
-    dataset_subs: dict[str, argparse.ArgumentParser] = {}
-    for name, handler, help_text in (
-        ("list", cmd_dataset_list, "registered datasets with their classes and image counts"),
-        ("builtin", cmd_dataset_builtin, "write the built-in digits set and register it"),
-        ("add", cmd_dataset_add, "check and register a folder, CSV, zip or URL dataset"),
-        ("remove", cmd_dataset_remove, "unregister a dataset (and delete an upload's files)"),
-    ):
-        sub = dataset_commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--json", action="store_true", help="print JSON for scripts")
-        sub.set_defaults(handler=handler)
-        dataset_subs[name] = sub
     add = dataset_subs["add"]
     add.add_argument(
         "name", help="the name jobs use: letters and digits of any script, '.', '_', '-'"
@@ -572,20 +569,18 @@ def build_parser(prog: str = "traindeck") -> argparse.ArgumentParser:
 
 
 def _add_alert_commands(commands: Any) -> None:
-    group = commands.add_parser("alerts", help="where alerts go, for which events; their log")
-    subs = group.add_subparsers(dest="alerts_command", required=True, metavar="COMMAND",
-                                parser_class=Parser)  # fmt: skip
-    parsers = {}
-    for name, handler, help_text in (
-        ("add", cmd_alerts_add, "send alerts for some events to an Apprise URL"),
-        ("list", cmd_alerts_list, "the destinations (their URLs with secrets masked)"),
-        ("remove", cmd_alerts_remove, "remove a destination and its unsent alerts"),
-        ("log", cmd_alerts_log, "the newest alerts and what became of each"),
-    ):
-        sub = subs.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--json", action="store_true", help="print JSON for scripts")
-        sub.set_defaults(handler=handler)
-        parsers[name] = sub
+    parsers = command_group(
+        commands,
+        "alerts",
+        "where alerts go, for which events; their log",
+        "alerts_command",
+        (
+            ("add", cmd_alerts_add, "send alerts for some events to an Apprise URL"),
+            ("list", cmd_alerts_list, "the destinations (their URLs with secrets masked)"),
+            ("remove", cmd_alerts_remove, "remove a destination and its unsent alerts"),
+            ("log", cmd_alerts_log, "the newest alerts and what became of each"),
+        ),
+    )
     parsers["add"].add_argument("name", help="a name for the destination")
     parsers["add"].add_argument(
         "url", help="an Apprise URL: slack://…, discord://…, msteams://…, mailtos://…, "

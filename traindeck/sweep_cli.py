@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from common.cliargs import Parser, positive_int
+from common.cliargs import command_group, positive_int
 from db import sweeps
 from db.engine import Engine
 from db.sweep_spec import definition_from_text
@@ -128,20 +128,20 @@ def cmd_cancel(engine: Engine, args: argparse.Namespace) -> None:
 
 def add_commands(commands: Any) -> None:
     """The `sweep` command and its sub-commands, on the main parser's sub-parsers."""
-    sweep = commands.add_parser("sweep", help="hyperparameter sweeps over jobs (Optuna)")
-    subs = sweep.add_subparsers(
-        dest="sweep_command", required=True, metavar="COMMAND", parser_class=Parser
+    parsers = command_group(
+        commands,
+        "sweep",
+        "hyperparameter sweeps over jobs (Optuna)",
+        "sweep_command",
+        (
+            ("submit", cmd_submit, "check a sweep definition (YAML or JSON) and queue its trials"),
+            ("list", cmd_list, "sweeps, newest first, with their trials done and best objective"),
+            ("show", cmd_show, "one sweep: its trials with values, state and objective; the best"),
+            ("cancel", cmd_cancel, "stop a sweep: queued trials cancelled, running ones stopped"),
+        ),
     )
-    for name, handler, help_text in (
-        ("submit", cmd_submit, "check a sweep definition (YAML or JSON) and queue its trials"),
-        ("list", cmd_list, "sweeps, newest first, with their trials done and best objective"),
-        ("show", cmd_show, "one sweep: its trials with values, state and objective; the best"),
-        ("cancel", cmd_cancel, "stop a sweep: queued trials cancelled, running ones stopped"),
-    ):
-        sub = subs.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--json", action="store_true", help="print JSON for scripts")
-        sub.set_defaults(handler=handler)
-        if name == "submit":
-            sub.add_argument("file", metavar="FILE", help="the definition, a .yaml or .json file")
-        elif name != "list":
-            sub.add_argument("id", type=positive_int, help="sweep id")
+    parsers["submit"].add_argument(
+        "file", metavar="FILE", help="the definition, a .yaml or .json file"
+    )
+    for name in ("show", "cancel"):
+        parsers[name].add_argument("id", type=positive_int, help="sweep id")
