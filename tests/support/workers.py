@@ -34,6 +34,21 @@ def worker_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_python(code: str, *args: str, timeout: float = 300, **env: str) -> str:
+    """Run `code` in a fresh Python process (the worker's environment plus `env`, e.g. a
+    PJRT_DEVICE that torch_xla reads once); it must succeed. Returns its standard output."""
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=REPO,
+        env=worker_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
 def run_worker(*args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "worker", *args],

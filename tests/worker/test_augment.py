@@ -6,8 +6,6 @@ from __future__ import annotations
 import copy
 import json
 import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -28,7 +26,7 @@ from scipy import stats
 
 from datasets.labelling import scan_items
 from db.spec import JobSpec
-from tests.support.workers import REPO, digits_subset, worker_env
+from tests.support.workers import digits_subset, run_python
 from worker.augment import Draws, XlaAugment, augment_batch, parameter_array
 from worker.data import augmentation, build_dataloaders
 from worker.prefetch import DevicePrefetcher
@@ -260,16 +258,7 @@ print(json.dumps({
 @pytest.mark.slow
 @pytest.mark.xla
 def test_on_xla_it_compiles_once_falls_back_never_and_computes_what_the_cpu_computes():
-    result = subprocess.run(
-        [sys.executable, "-c", RUN_ON_XLA],
-        cwd=REPO,
-        env=worker_env(PJRT_DEVICE="CPU"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.splitlines()[-1])
+    report = json.loads(run_python(RUN_ON_XLA, PJRT_DEVICE="CPU").splitlines()[-1])
     assert report["fallbacks"] == []
     assert report["compiles"] == [1, 1, 1, 1], "new random numbers, the same graph"
     assert report["largest_error"] < 1e-4

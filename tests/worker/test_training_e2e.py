@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -15,7 +13,7 @@ from datasets.builtin import ensure_digits
 from db import queue, telemetry
 from db.artifacts import list_artifacts
 from db.telemetry import count_metric_duplicates, metric_series
-from tests.support.workers import REPO, run_worker, worker_env
+from tests.support.workers import run_python, run_worker
 
 pytestmark = pytest.mark.slow
 
@@ -79,15 +77,7 @@ def test_digits_job_trains_on_cpu_and_its_export_predicts_in_a_fresh_process(
     local_copy = store.get_file(export.path, data_dir / "export-copy.pkl")
 
     images = _one_image_per_class(data_dir)
-    predicted = subprocess.run(
-        [sys.executable, "-c", PREDICT, str(local_copy), *map(str, images.values())],
-        cwd=REPO,
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert predicted.returncode == 0, predicted.stderr[-3000:]
-    labels = json.loads(predicted.stdout.strip().splitlines()[-1])
+    predicted = run_python(PREDICT, str(local_copy), *map(str, images.values()))
+    labels = json.loads(predicted.strip().splitlines()[-1])
     correct = sum(label == expected for label, expected in zip(labels, images, strict=True))
     assert correct >= 8, f"predicted {labels} for digits 0-9"

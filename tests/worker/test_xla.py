@@ -11,7 +11,7 @@ import pytest
 
 from db import queue, telemetry
 from db.artifacts import get_artifact
-from tests.support.workers import REPO, run_worker, worker_env
+from tests.support.workers import REPO, run_python, run_worker, worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.xla]
 
@@ -84,16 +84,7 @@ print(met.metric_data("CompileTime")[0] - compiles)
 def test_the_step_sync_leaves_cyclic_garbage_out_of_the_graph():
     """Garbage not yet collected would be an extra output of the step's graph: a different
     graph, compiled again, whenever the collector happened not to run before the sync."""
-    result = subprocess.run(
-        [sys.executable, "-c", STEP_AFTER_CYCLIC_GARBAGE],
-        cwd=REPO,
-        env=worker_env(PJRT_DEVICE="CPU"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    young, old = result.stdout.split()[-2:]
+    young, old = run_python(STEP_AFTER_CYCLIC_GARBAGE, PJRT_DEVICE="CPU").split()[-2:]
     assert young == "0", "the sync compiled a graph for unreachable tensors"
     assert old == "0", "the sync compiled a graph for tensors of an old unreachable cycle"
 

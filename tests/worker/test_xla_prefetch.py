@@ -12,12 +12,10 @@ already on the device, and the training thread still gets fastai's types and the
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.support.workers import REPO, worker_env
+from tests.support.workers import run_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.xla]
 
@@ -59,16 +57,8 @@ print(json.dumps({
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    result = subprocess.run(
-        [sys.executable, "-c", PLACE_AND_PREFETCH],
-        cwd=REPO,
-        env=worker_env(PJRT_DEVICE="CPU"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.splitlines()[-1])
+    output = run_python(PLACE_AND_PREFETCH, PJRT_DEVICE="CPU")
+    return json.loads(output.splitlines()[-1])
 
 
 def test_the_prefetch_threads_placement_runs_no_xla_operation(report):

@@ -4,12 +4,10 @@ change every step, as fit_one_cycle changes them, never change the step's graph.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.support.workers import REPO, worker_env
+from tests.support.workers import run_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.xla]
 
@@ -36,16 +34,8 @@ print(json.dumps(counts))
 
 
 def _compiles(mode: str) -> list[int]:
-    result = subprocess.run(
-        [sys.executable, "-c", STEPS_ON_XLA, mode],
-        cwd=REPO,
-        env=worker_env(PJRT_DEVICE="CPU"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.splitlines()[-1])
+    output = run_python(STEPS_ON_XLA, mode, PJRT_DEVICE="CPU")
+    return json.loads(output.splitlines()[-1])
 
 
 def test_changing_hyper_parameters_reach_the_graph_as_inputs_and_never_recompile_it():
