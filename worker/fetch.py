@@ -16,16 +16,14 @@ from pathlib import Path
 
 from datasets.download import FetchError, fetch_archive
 from datasets.folders import url_data_dir, url_fetch_dir
-from datasets.items import dataset_items
-from datasets.labelling import DatasetError, LabelledItems, dataset_root
+from datasets.labelling import DatasetError, dataset_root
 from datasets.register import normalize_dataset_url, record_fetched
-from db.datasets import get_dataset
 from db.engine import Engine
 from db.models import Dataset
 
 FASTAI_NAMES_PAGE = "https://docs.fast.ai/data.external.html"
 
-__all__ = ["FetchError", "fetch_url_dataset", "load_dataset_items", "resolve_url"]
+__all__ = ["FetchError", "fetch_url_dataset", "resolve_url"]
 
 
 def resolve_url(location: str) -> str:
@@ -65,13 +63,3 @@ def fetch_url_dataset(dataset: Dataset, engine: Engine | None = None) -> Path:
             shutil.rmtree(url_fetch_dir(dataset.name), ignore_errors=True)
             raise
     return root
-
-
-def load_dataset_items(dataset: Dataset, engine: Engine | None = None) -> LabelledItems:
-    """The labelled items of any registered dataset, fetching a `url` one first."""
-    if dataset.kind != "url":
-        return dataset_items(dataset)
-    root = fetch_url_dataset(dataset, engine)
-    if engine is not None:
-        dataset = get_dataset(engine, dataset.name) or dataset
-    return dataset_items(dataset, root)

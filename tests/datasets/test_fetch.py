@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import Engine
 
 from datasets.folders import url_data_dir
+from datasets.items import dataset_items
 from datasets.labelling import DatasetError
 from datasets.register import register_url
 from db.datasets import get_dataset
@@ -27,7 +28,7 @@ from tests.support.images import (
     make_split_dataset,
     write_corrupt_png,
 )
-from worker.fetch import FetchError, fetch_url_dataset, load_dataset_items, resolve_url
+from worker.fetch import FetchError, fetch_url_dataset, resolve_url
 
 ALLOW = "TRAINDECK_URL_ALLOW"
 
@@ -64,11 +65,12 @@ def test_a_url_dataset_is_fetched_once_and_checked(
     dataset = get_dataset(sqlite_engine, "tiny")
 
     root = fetch_url_dataset(dataset, sqlite_engine)
-    items = load_dataset_items(dataset, sqlite_engine)
+    again = fetch_url_dataset(get_dataset(sqlite_engine, "tiny"), sqlite_engine)
 
-    assert root == url_data_dir("tiny") / "tiny"
+    assert root == again == url_data_dir("tiny") / "tiny"
     assert server.requests == ["/tiny.tgz"]
     fetched = get_dataset(sqlite_engine, "tiny")
+    items = dataset_items(fetched, root)
     assert fetched.class_counts == {"a": 5, "b": 5}
     assert fetched.bad_files == ["train/a/broken.png"]
     assert fetched.label_rule["detected"] == {
