@@ -9,11 +9,18 @@ import signal
 
 import pytest
 
-from common.files import job_dir
 from datasets.register import register_folder
 from db import queue, sweeps, telemetry
 from db.telemetry import count_metric_duplicates
-from tests.support.workers import child_pids, digits_subset, output_tail, start_worker, wait_for
+from tests.support.workers import (
+    child_pids,
+    digits_subset,
+    output_tail,
+    start_worker,
+    wait_for,
+    wait_until_stopped_at,
+)
+from worker.failpoints import CHECKPOINT_UPLOADED
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +41,12 @@ def test_killing_a_worker_mid_sweep_loses_no_trial(engine, data_dir):
         },
     )  # fmt: skip
     fast = {"TRAINDECK_HEARTBEAT_INTERVAL": "1", "TRAINDECK_HEARTBEAT_TIMEOUT": "4"}
-    doomed = start_worker("--worker-id", "doomed", "--device", "cpu", **fast)
+    # The doomed worker's trial stops itself once its first checkpoint is whole in the store,
+    # so that it is killed there on any machine (the trial cannot finish in between).
+    doomed = start_worker(
+        "--worker-id", "doomed", "--device", "cpu", TRAINDECK_FAILPOINTS=CHECKPOINT_UPLOADED,
+        **fast,
+    )  # fmt: skip
     survivor = None
     try:
         victim = wait_for(
@@ -48,13 +60,13 @@ def test_killing_a_worker_mid_sweep_loses_no_trial(engine, data_dir):
         survivor = start_worker(
             "--worker-id", "survivor", "--device", "cpu", "--poll-interval", "0.5", **fast
         )
-        wait_for(
-            lambda: (job_dir(victim.id) / "checkpoint.pth").exists(),
-            timeout=600,
-            what="the first checkpoint of the doomed worker's trial",
+        (job_pid,) = wait_for(
+            lambda: child_pids(doomed.pid), timeout=120, what="the doomed trial's process"
         )
-        for pid in child_pids(doomed.pid):
-            os.kill(pid, signal.SIGKILL)
+        wait_until_stopped_at(
+            job_pid, CHECKPOINT_UPLOADED, lambda: output_tail(doomed), timeout=600
+        )
+        os.kill(job_pid, signal.SIGKILL)
         os.kill(doomed.pid, signal.SIGKILL)
         doomed.wait(timeout=30)
 
