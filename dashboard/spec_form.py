@@ -79,6 +79,8 @@ class FieldKind:
     maximum: float | None = None
     default: Any = None
     description: str = ""
+    # Where its widgets keep their values: the New job form's, or another form's (a sweep's base).
+    prefix: str = KEY_PREFIX
 
     @property
     def label(self) -> str:
@@ -86,7 +88,7 @@ class FieldKind:
 
     @property
     def key(self) -> str:
-        return KEY_PREFIX + self.name
+        return self.prefix + self.name
 
     def word_key(self, word: str) -> str:
         return f"{self.key}.{word}"
@@ -103,8 +105,9 @@ class FieldKind:
         return " ".join(part for part in parts if part)
 
 
-def describe(name: str) -> FieldKind:
-    """How field `name` of JobSpec is edited, read from its annotation and constraints."""
+def describe(name: str, prefix: str = KEY_PREFIX) -> FieldKind:
+    """How field `name` of JobSpec is edited, read from its annotation and constraints; its
+    widgets' keys start with `prefix`."""
     info = JobSpec.model_fields[name]
     members = _union_members(info.annotation)
     optional = type(None) in members
@@ -128,6 +131,7 @@ def describe(name: str) -> FieldKind:
         "maximum": maximum,
         "default": info.default,
         "description": info.description or "",
+        "prefix": prefix,
     }
     if literals and not others:
         choices = tuple(value for literal in literals for value in typing.get_args(literal))
@@ -150,17 +154,24 @@ def _union_members(annotation: Any) -> list[Any]:
     return [annotation]
 
 
-def form_fields() -> dict[str, list[FieldKind]]:
-    """Every JobSpec field the form renders, by section, in order."""
+def form_fields(
+    prefix: str = KEY_PREFIX, leave_out: tuple[str, ...] = ()
+) -> dict[str, list[FieldKind]]:
+    """Every JobSpec field the form renders, by section, in order; a form that sets some
+    fields itself (a sweep's base: name, tags and note are the sweep's) leaves them out."""
     listed = {name for names in SECTIONS.values() for name in names}
     sections = {
-        title: [describe(name) for name in names if name in JobSpec.model_fields]
+        title: [
+            describe(name, prefix)
+            for name in names
+            if name in JobSpec.model_fields and name not in leave_out
+        ]
         for title, names in SECTIONS.items()
     }
     unlisted = [
-        describe(name)
+        describe(name, prefix)
         for name in JobSpec.model_fields
-        if name not in listed and name not in RENDERED_BY_PAGE
+        if name not in listed and name not in RENDERED_BY_PAGE and name not in leave_out
     ]
     if unlisted:
         sections["More"] = unlisted
@@ -182,13 +193,13 @@ def widget_values(field: FieldKind, value: Any) -> dict[str, Any]:
     return {field.key: value}
 
 
-def set_defaults() -> None:
+def set_defaults(prefix: str = KEY_PREFIX, leave_out: tuple[str, ...] = ()) -> None:
     """Give every widget its spec default, unless it already has a value."""
-    for fields in form_fields().values():
+    for fields in form_fields(prefix, leave_out).values():
         for field in fields:
             for key, value in widget_values(field, field.default).items():
                 st.session_state.setdefault(key, value)
-    st.session_state.setdefault(DATASET_KEY, JobSpec.model_fields["dataset"].default)
+    st.session_state.setdefault(prefix + "dataset", JobSpec.model_fields["dataset"].default)
 
 
 def load_spec(spec: dict[str, Any]) -> list[str]:
@@ -259,10 +270,10 @@ def _number_input(field: FieldKind, disabled: bool) -> None:
     st.number_input(field.label, key=field.key, help=field.help(), disabled=disabled, **options)
 
 
-def collect() -> dict[str, Any]:
+def collect(prefix: str = KEY_PREFIX, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
     """The spec the widgets show now, as a plain dict for `db.queue.submit`."""
-    data: dict[str, Any] = {"dataset": st.session_state.get(DATASET_KEY)}
-    for fields in form_fields().values():
+    data: dict[str, Any] = {"dataset": st.session_state.get(prefix + "dataset")}
+    for fields in form_fields(prefix, leave_out).values():
         for field in fields:
             chosen = [word for word in field.words if st.session_state.get(field.word_key(word))]
             value = chosen[0] if chosen else st.session_state.get(field.key)

@@ -1,14 +1,15 @@
 """Sweeps: every sweep, and for one (?sweep=ID) its trials with their values, state and
 objective, the best trial, a parallel-coordinates plot of values → objective, the objective
 by trial and against each field, and Optuna's parameter importances; redrawn while the sweep
-runs. Sweeps are submitted with `python -m db sweep submit FILE`."""
+runs. A sweep is started with the New sweep form (`dashboard.sweep_form`), `python -m db sweep
+submit FILE` or the API."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts
+from dashboard import charts, sweep_form
 from dashboard.format import number, plain
 from dashboard.nav import COMPARE_PAGE, JOB_PAGE
 from dashboard.state import get_engine
@@ -146,10 +147,14 @@ def sweep_view(sweep_id: int) -> None:
 
 st.title("Sweeps")
 listed = sweeps.list_sweeps(get_engine())
+opened = not listed or bool(st.session_state.get(sweep_form.PROBLEMS_KEY))
+with st.expander("New sweep", icon=":material/add:", expanded=opened):
+    sweep_form.new_sweep_form(get_engine())
 if not listed:
     st.info(
-        "No sweeps yet. Write a definition (base spec, space, objective, trials) and submit "
-        "it with `python -m db sweep submit FILE` (YAML or JSON)."
+        "No sweeps yet. Start one with the form above, or write a definition (base spec, "
+        "space, objective, trials) and submit it with `python -m db sweep submit FILE` "
+        "(YAML or JSON)."
     )
     st.stop()
 sweep_id = chosen_sweep(listed)

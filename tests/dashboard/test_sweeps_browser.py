@@ -1,6 +1,6 @@
 """The Sweeps page in a real headless Chromium: the parallel-coordinates plot of a running
 sweep is drawn, and grows as its trials finish (each trial run as a worker would, without
-training). The screenshot is saved as test-output/dashboard/sweeps_page.png."""
+training); the New sweep form starts a sweep. The screenshot is saved as test-output/dashboard/sweeps_page.png."""
 
 from __future__ import annotations
 
@@ -75,5 +75,13 @@ def test_the_parallel_coordinates_of_a_running_sweep_grow_as_trials_finish(
         page.get_by_text("2 of 3", exact=True).wait_for(timeout=60_000)
         assert _lines_drawn(page) == 2
         page.screenshot(path=tmp_path / "sweeps_page.png", full_page=True)
+
+        # The New sweep form, with its defaults (lr on a log scale, TPE, 8 trials, 2 at once).
+        page.get_by_text("New sweep", exact=True).click()
+        page.get_by_role("button", name="Start sweep").click()
+        page.get_by_text(f"Started sweep #{sweep_id + 1}", exact=False).wait_for(timeout=60_000)
+    started = sweeps.summary(engine, sweep_id + 1)
+    assert started.spec.sampler == "tpe" and [p.field for p in started.spec.space] == ["lr"]
+    assert len(started.trials) == 2, "two trials at once are queued"
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(tmp_path / "sweeps_page.png", SCREENSHOT)
