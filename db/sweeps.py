@@ -183,12 +183,13 @@ def importances(engine: Engine, sweep_id: int) -> dict[str, float]:
 
 def cancel_sweep(engine: Engine, sweep_id: int) -> int:
     """Stop a sweep: no new trial; queued trials cancelled, running ones asked to stop.
-    Returns how many trials were cancelled or asked to stop."""
+    Returns how many trials were cancelled or asked to stop. The sweep's `finished_at` is set
+    once its last trial has stopped and been ended in Optuna (`settle_cancelled`)."""
     with write_tx(engine) as connection:
         changed = connection.execute(
             update(Sweep)
             .where(Sweep.id == sweep_id, Sweep.status == "running")
-            .values(status="cancelled", finished_at=utcnow())
+            .values(status="cancelled")
         ).rowcount
         active = connection.execute(
             select(Job.id).where(Job.sweep_id == sweep_id, Job.status.in_(ACTIVE_STATUSES))
@@ -203,22 +204,57 @@ def cancel_sweep(engine: Engine, sweep_id: int) -> int:
             stopped += 1
         except JobStateError:
             continue  # it finished meanwhile
-    sweep = get_sweep(engine, sweep_id)
-    _settle(engine, sweep, parse_sweep(sweep.definition))  # the trials cancelled while queued
+    settle_cancelled(engine, sweep_id)  # the trials cancelled while queued
     return stopped
+
+
+def settle_cancelled(engine: Engine, sweep_id: int) -> None:
+    """End in Optuna the trials of a cancelled sweep whose jobs have stopped, and once none is
+    left queued or running, set the sweep's `finished_at`. A trial stopped by the cancel ends
+    as FAIL, as Optuna ends a trial that `optimize` was interrupted in: it was stopped from
+    outside, not judged by the pruner, so no sampler should read its partial values as a
+    verdict on its parameters (PRUNED trials are ranked by TPE; FAIL ones are left out)."""
+    sweep = get_sweep(engine, sweep_id)
+    with read_tx(engine) as connection:
+        _, active = _counts(connection, sweep_id)  # counted first: a job ending after the
+    _settle(engine, sweep, parse_sweep(sweep.definition))  # count is settled here
+    if active == 0:
+        with write_tx(engine) as connection:
+            connection.execute(
+                update(Sweep)
+                .where(
+                    Sweep.id == sweep_id,
+                    Sweep.status == "cancelled",
+                    Sweep.finished_at.is_(None),
+                )
+                .values(finished_at=utcnow())
+            )
 
 
 # --- the driver -----------------------------------------------------------------------------
 
 
 def drive_all(engine: Engine, holder: str) -> int:
-    """Drive every running sweep this process can claim. Returns the trials it queued."""
+    """Drive every running sweep this process can claim, and settle the trials of cancelled
+    sweeps whose trials are still stopping. Returns the trials it queued."""
     with read_tx(engine) as connection:
-        running = connection.execute(
-            select(Sweep.id).where(Sweep.status == "running").order_by(Sweep.id)
-        ).scalars()
-        running = list(running)
-    return sum(drive(engine, sweep_id, holder) for sweep_id in running)
+        rows = connection.execute(
+            select(Sweep.id, Sweep.status)
+            .where(
+                or_(
+                    Sweep.status == "running",
+                    (Sweep.status == "cancelled") & Sweep.finished_at.is_(None),
+                )
+            )
+            .order_by(Sweep.id)
+        ).all()
+    queued = 0
+    for sweep_id, status in rows:
+        if status == "running":
+            queued += drive(engine, sweep_id, holder)
+        else:
+            settle_cancelled(engine, sweep_id)
+    return queued
 
 
 def drive(engine: Engine, sweep_id: int, holder: str) -> int:

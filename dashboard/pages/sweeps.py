@@ -158,6 +158,8 @@ if not listed:
     )
     st.stop()
 sweep_id = chosen_sweep(listed)
-running = next(sweep for sweep in listed if sweep.id == sweep_id).status == "running"
-st.markdown(f"**{plain(next(s.name for s in listed if s.id == sweep_id))}**")
+chosen = next(sweep for sweep in listed if sweep.id == sweep_id)
+# Redrawn while trials run, a cancelled sweep's too until its last trial has stopped.
+running = chosen.status == "running" or chosen.finished_at is None
+st.markdown(f"**{plain(chosen.name)}**")
 st.fragment(run_every=REFRESH_S if running else None)(sweep_view)(sweep_id)

@@ -9,7 +9,7 @@ import threading
 import pytest
 from sqlalchemy import delete, update
 
-from db import queue, sweeps
+from db import queue, study, sweeps
 from db.engine import write_tx
 from db.models import Job, Sweep, utcnow
 from db.queue import JobStateError
@@ -150,6 +150,36 @@ def test_cancel_stops_the_sweep_and_its_trials(engine):
     assert sweeps.drive(engine, sweep_id, "worker-a") == 0
     with pytest.raises(JobStateError, match="already cancelled"):
         sweeps.cancel_sweep(engine, sweep_id)
+
+
+def test_a_cancelled_sweeps_trials_end_as_failed_in_optuna_once_stopped(engine):
+    sweep_id = sweeps.submit_sweep(engine, _definition())
+    claimed = queue.claim(engine, "test-worker")
+    running_trial = sweeps.trial_of(engine, claimed.id)
+    assert not sweeps.report_epoch(engine, running_trial, 0, 0.5)
+    sweeps.cancel_sweep(engine, sweep_id)
+    sweep = sweeps.get_sweep(engine, sweep_id)
+
+    def states():
+        return {t.number: t.state.name for t in study.trials(engine, sweep.study_name)}
+
+    queued_number = 1 - running_trial.number
+    assert states() == {running_trial.number: "RUNNING", queued_number: "FAIL"}
+    assert sweep.finished_at is None, "a trial is still stopping"
+    sweeps.drive_all(engine, "worker-b")
+    assert states()[running_trial.number] == "RUNNING", "its job has not stopped yet"
+
+    # The worker stops the running trial at its next batch, as the cancel asked.
+    assert queue.finish(engine, claimed.lease, "cancelled", "cancelled on request")
+    assert sweeps.drive_all(engine, "worker-b") == 0
+    assert states() == {running_trial.number: "FAIL", queued_number: "FAIL"}
+    frozen = {t.number: t for t in study.trials(engine, sweep.study_name)}
+    assert frozen[running_trial.number].intermediate_values == {1: 0.5}, "its epochs are kept"
+    finished_at = sweeps.get_sweep(engine, sweep_id).finished_at
+    assert finished_at is not None
+    sweeps.drive_all(engine, "worker-b")
+    assert sweeps.get_sweep(engine, sweep_id).finished_at == finished_at, "settled once"
+    assert sweeps.get_sweep(engine, sweep_id).status == "cancelled"
 
 
 @pytest.mark.parametrize(
