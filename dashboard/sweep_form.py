@@ -282,9 +282,15 @@ def new_sweep_form(engine: Engine) -> None:
     st.markdown("**Objective and search**")
     objective = objective_widgets()
     search = search_widgets()
+    left, right = st.columns(2)
+    tags = left.text_input("Sweep tags", key=_key("tags"), help="Separated by commas.")
+    note = right.text_area("Sweep note", key=_key("note"), help="Markdown source; shown as text.")
     with st.expander("Base spec: what every trial starts from"):
         base = base_widgets(engine)
-    definition = {"name": name, "base": base, "space": space, "objective": objective, **search}
+    definition = {
+        "name": name, "base": base, "space": space, "objective": objective, **search,
+        "tags": tags, "note": note,
+    }  # fmt: skip
     # Checked after every widget has drawn this run's values, so the definition is the one shown.
     if st.button("Start sweep", type="primary", icon=":material/play_arrow:"):
         submit(engine, definition)

@@ -334,5 +334,9 @@ class Sweep(Base):
     driver: Mapped[str | None] = mapped_column(String(200))
     driver_until: Mapped[datetime | None]
     driver_token: Mapped[int] = mapped_column(Integer, default=0)
+    # Its own tags and a person's note (the rules of a job's, db.spec.Labels); edited after
+    # submit, so kept here and not in the definition.
+    tags: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
+    note: Mapped[str] = mapped_column(Text, default="", server_default="")
 
     __table_args__ = (UniqueConstraint("study_name", name="uq_sweeps_study_name"),)

@@ -10,6 +10,7 @@ mixed_precision and cores against device, cannot be varied together: device is n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -18,7 +19,15 @@ from typing import Any
 
 import yaml
 
-from db.spec import EPOCH_METRICS, JobSpec, SpecError, lower_is_better, parse_spec
+from db.spec import (
+    EPOCH_METRICS,
+    JobSpec,
+    Labels,
+    SpecError,
+    lower_is_better,
+    parse_labels,
+    parse_spec,
+)
 
 SAMPLERS = ("random", "tpe", "grid")
 PRUNERS = ("none", "median", "asha", "hyperband")
@@ -39,7 +48,7 @@ KINDS = {
 }
 TOP_LEVEL = (
     "name", "base", "space", "objective", "trials", "max_concurrent", "sampler", "seed",
-    "pruner", "first_trials",
+    "pruner", "first_trials", "tags", "note",
 )  # fmt: skip
 PRUNER_OPTIONS = {
     "none": {},
@@ -107,6 +116,9 @@ class SweepSpec:
     pruner_options: dict[str, int]
     # Values to try first, in order, before the sampler draws (Optuna's enqueue_trial).
     first_trials: tuple[dict[str, Any], ...] = ()
+    # The sweep's own tags and note as given at submit. They are edited later, so the sweep's
+    # row keeps them (db.sweeps) and `as_json` leaves them out of the stored definition.
+    labels: Labels = dataclasses.field(default_factory=Labels)
 
     @property
     def display_name(self) -> str:
@@ -185,6 +197,7 @@ def parse_sweep(
     pruner, options = _pruner(data.get("pruner", "none"), problems)
     space = _space(data.get("space"), base, pruner, training_images, problems)
     first_trials = _first_trials(data.get("first_trials", []), space, trials, problems)
+    labels = _labels(data, problems)
     problems.raise_any()
     assert base is not None and trials is not None and max_concurrent is not None
     if sampler == "grid":
@@ -209,7 +222,18 @@ def parse_sweep(
         pruner=pruner,
         pruner_options=options,
         first_trials=first_trials,
+        labels=labels,
     )
+
+
+def _labels(data: dict[str, Any], problems: _Problems) -> Labels:
+    """The sweep's tags and note, by the rules of a job's."""
+    try:
+        return parse_labels({key: data[key] for key in ("tags", "note") if key in data})
+    except SpecError as exc:
+        for field, message in exc.problems.items():
+            problems.add(field, message)
+        return Labels()
 
 
 class _Loader(yaml.SafeLoader):

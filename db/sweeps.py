@@ -39,7 +39,7 @@ from db.queue import (
     insert_job,
     known_dataset_names,
 )
-from db.spec import MAX_TAGS, SpecError, parse_spec
+from db.spec import MAX_TAGS, Labels, SpecError, parse_labels, parse_spec
 from db.sweep_spec import SweepSpec, parse_sweep
 
 # How long a driver's claim lasts without being renewed (each enqueue renews it).
@@ -117,6 +117,8 @@ def submit_sweep(engine: Engine, data: Any) -> int:
                     status="running",
                     created_at=utcnow(),
                     driver_token=0,
+                    tags=list(spec.labels.tags),
+                    note=spec.labels.note,
                 )
                 .returning(Sweep.id)
             ).scalar_one()
@@ -143,6 +145,24 @@ def get_sweep(engine: Engine, sweep_id: int) -> Sweep:
 
 def list_sweeps(engine: Engine) -> list[Sweep]:
     return _sweeps(engine, select(Sweep).order_by(Sweep.id.desc()))
+
+
+def set_labels(engine: Engine, sweep_id: int, changes: Any) -> Labels:
+    """Change a sweep's tags and/or note (`changes` holds either or both), by the rules of a
+    job's (SpecError naming the field). Returns the labels now stored."""
+    if not isinstance(changes, dict):
+        return parse_labels(changes)  # raises SpecError: not an object
+    sweep = get_sweep(engine, sweep_id)
+    labels = parse_labels({"tags": sweep.tags, "note": sweep.note, **changes})
+    with write_tx(engine) as connection:
+        changed = connection.execute(
+            update(Sweep)
+            .where(Sweep.id == sweep_id)
+            .values(tags=list(labels.tags), note=labels.note)
+        ).rowcount
+    if not changed:
+        raise SweepNotFound(sweep_id)
+    return labels
 
 
 def summary(engine: Engine, sweep_id: int) -> SweepSummary:
@@ -174,6 +194,46 @@ def summary(engine: Engine, sweep_id: int) -> SweepSummary:
             )
         )
     return SweepSummary(sweep, spec, rows)
+
+
+def _trial_json(row: TrialRow) -> dict[str, Any]:
+    return {
+        "trial": row.number,
+        "job": row.job_id,
+        "status": row.status,
+        "params": row.params,
+        "objective": row.objective,
+        "final": row.final,
+        "epochs_reported": row.epochs_reported,
+    }
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def describe(summary: SweepSummary) -> dict[str, Any]:
+    """A sweep as JSON: what `traindeck sweep show ID --json` prints and the API answers."""
+    sweep, best = summary.sweep, summary.best
+    return {
+        "id": sweep.id,
+        "name": sweep.name,
+        "status": sweep.status,
+        "created_at": _iso(sweep.created_at),
+        "finished_at": _iso(sweep.finished_at),
+        "tags": list(sweep.tags),
+        "note": sweep.note,
+        "objective": {"metric": summary.spec.metric, "direction": summary.spec.direction},
+        "trials_planned": summary.spec.trials,
+        "trials": [_trial_json(row) for row in summary.trials],
+        "best": _trial_json(best) if best is not None else None,
+        "definition": sweep.definition,
+    }
+
+
+def describe_all(engine: Engine) -> list[dict[str, Any]]:
+    """Every sweep as `describe` writes it, newest first."""
+    return [describe(summary(engine, sweep.id)) for sweep in list_sweeps(engine)]
 
 
 def importances(engine: Engine, sweep_id: int) -> dict[str, float]:

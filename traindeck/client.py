@@ -109,6 +109,15 @@ class Client:
         dict). Returns its id; its trials are jobs tagged `sweep-ID`."""
         return self._call("POST", "/sweeps", definition)["id"]
 
+    def sweeps(self) -> list[dict[str, Any]]:
+        """Every sweep, newest first, as `traindeck sweep list --json` prints them."""
+        return self._call("GET", "/sweeps")
+
+    def sweep(self, sweep_id: int) -> dict[str, Any]:
+        """One sweep with its trials (params, status, objective) and the best, as `traindeck
+        sweep show ID --json` prints it."""
+        return self._call("GET", f"/sweeps/{int(sweep_id)}")
+
     def jobs(
         self,
         status: str | Iterable[str] | None = None,

@@ -32,7 +32,13 @@ def _read(path_text: str) -> Any:
 
 
 def cmd_submit(engine: Engine, args: argparse.Namespace) -> None:
-    sweep_id = sweeps.submit_sweep(engine, _read(args.file))
+    definition = _read(args.file)
+    if isinstance(definition, dict):
+        if args.tags is not None:
+            definition["tags"] = args.tags
+        if args.note is not None:
+            definition["note"] = args.note
+    sweep_id = sweeps.submit_sweep(engine, definition)
     summary = sweeps.summary(engine, sweep_id)
     if args.json:
         _print_json({"id": sweep_id, "queued_trials": [row.job_id for row in summary.trials]})
@@ -41,38 +47,10 @@ def cmd_submit(engine: Engine, args: argparse.Namespace) -> None:
     print(f"  queued {len(summary.trials)} of {summary.spec.trials} trials; workers run them")
 
 
-def _row(row: sweeps.TrialRow) -> dict[str, Any]:
-    return {
-        "trial": row.number,
-        "job": row.job_id,
-        "status": row.status,
-        "params": row.params,
-        "objective": row.objective,
-        "final": row.final,
-        "epochs_reported": row.epochs_reported,
-    }
-
-
-def _summary_json(summary: sweeps.SweepSummary) -> dict[str, Any]:
-    sweep, best = summary.sweep, summary.best
-    return {
-        "id": sweep.id,
-        "name": sweep.name,
-        "status": sweep.status,
-        "created_at": sweep.created_at,
-        "finished_at": sweep.finished_at,
-        "objective": {"metric": summary.spec.metric, "direction": summary.spec.direction},
-        "trials_planned": summary.spec.trials,
-        "trials": [_row(row) for row in summary.trials],
-        "best": _row(best) if best is not None else None,
-        "definition": sweep.definition,
-    }
-
-
 def cmd_list(engine: Engine, args: argparse.Namespace) -> None:
     summaries = [sweeps.summary(engine, sweep.id) for sweep in sweeps.list_sweeps(engine)]
     if args.json:
-        _print_json([_summary_json(summary) for summary in summaries])
+        _print_json([sweeps.describe(summary) for summary in summaries])
         return
     if not summaries:
         print("no sweeps")
@@ -91,13 +69,17 @@ def cmd_list(engine: Engine, args: argparse.Namespace) -> None:
 def cmd_show(engine: Engine, args: argparse.Namespace) -> None:
     summary = sweeps.summary(engine, args.id)
     if args.json:
-        _print_json(_summary_json(summary))
+        _print_json(sweeps.describe(summary))
         return
     spec, sweep = summary.spec, summary.sweep
     print(f"sweep {sweep.id}: {sweep.name}")
     print(f"  status:    {sweep.status}")
     print(f"  objective: {spec.direction} {spec.metric}")
     print(f"  sampler:   {spec.sampler}   pruner: {spec.pruner}")
+    if sweep.tags:
+        print(f"  tags:      {', '.join(sweep.tags)}")
+    if sweep.note:
+        print(f"  note:      {sweep.note.splitlines()[0]}")
     print(
         f"  trials:    {len(summary.trials)} made of {spec.trials}, {spec.max_concurrent} at once"
     )
@@ -142,6 +124,13 @@ def add_commands(commands: Any) -> None:
     )
     parsers["submit"].add_argument(
         "file", metavar="FILE", help="the definition, a .yaml or .json file"
+    )
+    parsers["submit"].add_argument(
+        "--tag", dest="tags", action="append", default=None, metavar="TAG",
+        help="a tag of the sweep (repeatable; replaces the file's tags)",
+    )  # fmt: skip
+    parsers["submit"].add_argument(
+        "--note", default=None, metavar="TEXT", help="the sweep's note (replaces the file's)"
     )
     for name in ("show", "cancel"):
         parsers[name].add_argument("id", type=positive_int, help="sweep id")

@@ -1,5 +1,6 @@
 """The HTTP API under /api/v1, served by the dashboard's own server (an `st.App` route list,
-`dashboard/app.py`): submit a job or a sweep, list and show jobs, edit their tags and note,
+`dashboard/app.py`): submit a job or a sweep, list and show jobs and sweeps, edit their tags
+and note,
 read their metric series, cancel, retry, list and download their files. Every endpoint needs
 an API token (`guard`); the OpenAPI document is /api/v1/openapi.json (`openapi`).
 `traindeck.client` is a Python client for it.
@@ -16,6 +17,7 @@ from dashboard.auth.server import TOKEN_PATH_PREFIX
 
 API_PREFIX = jobs.API_PREFIX
 JOB = API_PREFIX + "/jobs/{job_id:int}"
+SWEEP = API_PREFIX + "/sweeps/{sweep_id:int}"
 EVERY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
@@ -29,6 +31,9 @@ def routes() -> list[Route]:
         Route(API_PREFIX + "/jobs", jobs.submit_job, methods=["POST"]),
         Route(API_PREFIX + "/jobs", jobs.list_jobs, methods=["GET"]),
         Route(API_PREFIX + "/sweeps", jobs.submit_sweep, methods=["POST"]),
+        Route(API_PREFIX + "/sweeps", jobs.list_sweeps, methods=["GET"]),
+        Route(SWEEP, jobs.show_sweep, methods=["GET"]),
+        Route(SWEEP, jobs.edit_sweep, methods=["PATCH"]),
         Route(JOB, jobs.show_job, methods=["GET"]),
         Route(JOB, jobs.edit_job, methods=["PATCH"]),
         Route(JOB + "/metrics", jobs.job_metrics, methods=["GET"]),

@@ -25,6 +25,7 @@ from dashboard.auth.ratelimit import PER_CLIENT, AttemptLimiter, Backoff
 from db.engine import DatabaseError, Engine, database_problem, get_engine
 from db.queue import JobNotFound, JobStateError
 from db.spec import SpecError
+from db.sweeps import SweepNotFound
 from db.tokens import check_token
 
 Endpoint = Callable[[Request, Engine], Awaitable[Response]]
@@ -85,8 +86,8 @@ async def _refusal(request: Request, engine: Engine) -> Response | None:
 def token_required(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
     """The endpoint behind the token check, with the database's engine. The mistakes the CLI
     reports in one line are answered with that line: a refused spec or input 400 (naming the
-    fields), an unknown job 404, a change the job's state forbids 409, a database that cannot
-    be used 503."""
+    fields), an unknown job or sweep 404, a change the job's state forbids 409, a database
+    that cannot be used 503."""
 
     async def guarded(request: Request) -> Response:
         try:
@@ -97,10 +98,13 @@ def token_required(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response
             job_id = request.path_params.get("job_id")
             if job_id is not None and job_id > MAX_ID:  # no database can hold that id
                 raise JobNotFound(job_id)
+            sweep_id = request.path_params.get("sweep_id")
+            if sweep_id is not None and sweep_id > MAX_ID:
+                raise SweepNotFound(sweep_id)
             return await endpoint(request, engine)
         except SpecError as exc:
             return problem(str(exc), 400, exc.problems)
-        except JobNotFound as exc:
+        except (JobNotFound, SweepNotFound) as exc:
             return problem(str(exc), 404)
         except JobStateError as exc:
             return problem(str(exc), 409)

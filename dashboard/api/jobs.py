@@ -1,7 +1,7 @@
 """The endpoints of the HTTP API on jobs: submit, list, show, edit tags and note, metric
-series, cancel, retry, artifacts. Each is a thin layer over db/ (the same functions the CLI
-calls, with the same validation) behind `guard.token_required`; the document that describes
-them is `openapi`."""
+series, cancel, retry, artifacts; and on sweeps: submit, list, show, edit tags and note.
+Each is a thin layer over db/ (the same functions the CLI calls, with the same validation)
+behind `guard.token_required`; the document that describes them is `openapi`."""
 
 from __future__ import annotations
 
@@ -110,6 +110,30 @@ async def submit_sweep(request: Request, engine: Engine) -> Response:
     trials = await run_in_threadpool(sweeps.summary, engine, sweep_id)
     queued = [trial.job_id for trial in trials.trials]
     return _json({"id": sweep_id, "queued_trials": queued}, 201)
+
+
+@token_required
+async def list_sweeps(request: Request, engine: Engine) -> Response:
+    """Every sweep, newest first, as `traindeck sweep list --json` prints them."""
+    return _json(await run_in_threadpool(sweeps.describe_all, engine))
+
+
+def _sweep(engine: Engine, sweep_id: int) -> dict[str, Any]:
+    return sweeps.describe(sweeps.summary(engine, sweep_id))
+
+
+@token_required
+async def show_sweep(request: Request, engine: Engine) -> Response:
+    """One sweep with its trials and the best, as `traindeck sweep show ID --json`."""
+    return _json(await run_in_threadpool(_sweep, engine, request.path_params["sweep_id"]))
+
+
+@token_required
+async def edit_sweep(request: Request, engine: Engine) -> Response:
+    """Change the sweep's own tags and/or note."""
+    sweep_id = request.path_params["sweep_id"]
+    await run_in_threadpool(sweeps.set_labels, engine, sweep_id, await _body(request, "labels"))
+    return _json(await run_in_threadpool(_sweep, engine, sweep_id))
 
 
 @token_required

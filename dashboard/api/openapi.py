@@ -10,6 +10,7 @@ from db.spec import JobSpec, Labels
 
 API = "/api/v1"
 JOB = API + "/jobs/{job_id}"
+SWEEP = API + "/sweeps/{sweep_id}"
 
 
 def _response(description: str, schema: dict | None = None) -> dict[str, Any]:
@@ -25,7 +26,7 @@ def _ref(name: str) -> dict[str, str]:
 ERRORS = {
     "400": _response("A wrong input; `fields` names each with the CLI's message", _ref("Error")),
     "401": _response("No token, or a wrong, revoked or expired one", _ref("Error")),
-    "404": _response("No such job (or file)", _ref("Error")),
+    "404": _response("No such job, sweep or file", _ref("Error")),
     "429": _response("Too many wrong tokens from this address; see Retry-After", _ref("Error")),
 }
 
@@ -45,6 +46,12 @@ KIND = {"name": "kind", "in": "path", "required": True, "schema": {"type": "stri
         "description": "export, model_card, checkpoint, …"}  # fmt: skip
 INTEGER = {"type": "integer", "minimum": 0}
 JOB_OBJECT = {"type": "object", "description": "What `traindeck show ID --json` prints."}
+SWEEP_ID = {"name": "sweep_id", "in": "path", "required": True, "schema": {"type": "integer"}}
+SWEEP_OBJECT = {
+    "type": "object",
+    "description": "What `traindeck sweep show ID --json` prints: id, name, status, tags, note, "
+    "objective, trials (params, status, objective), best, definition.",
+}
 
 
 def _operation(summary: str, ok: dict, parameters: list | None = None, body: str | None = None):
@@ -95,6 +102,16 @@ def _paths() -> dict[str, Any]:
                                {"201": _response("The sweep and its first trials' jobs",
                                                  {"type": "object"})},
                                body="SweepDefinition"),
+            "get": _operation("List sweeps, newest first (as `traindeck sweep list --json`)",
+                              {"200": _response("Every sweep",
+                                                {"type": "array", "items": SWEEP_OBJECT})}),
+        },
+        SWEEP: {
+            "get": _operation("Show a sweep with its trials and the best",
+                              {"200": _response("The sweep", SWEEP_OBJECT)}, [SWEEP_ID]),
+            "patch": _operation("Change the sweep's own tags and/or note",
+                                {"200": _response("The sweep", SWEEP_OBJECT)}, [SWEEP_ID],
+                                body="Labels"),
         },
         JOB: {
             "get": _operation("Show a job", {"200": _response("The job", JOB_OBJECT)}, job),
@@ -141,7 +158,7 @@ def _schemas() -> dict[str, Any]:
     schemas["SweepDefinition"] = {
         "type": "object",
         "description": "base (a job spec), space, objective, trials, max_concurrent, sampler, "
-        "pruner: as in a sweep file for `traindeck sweep submit`",
+        "pruner, tags, note: as in a sweep file for `traindeck sweep submit`",
     }
     schemas["Error"] = {
         "type": "object",

@@ -9,13 +9,16 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, sweep_form
+from dashboard import actions, charts, sweep_form
 from dashboard.format import number, plain
 from dashboard.nav import COMPARE_PAGE, JOB_PAGE
 from dashboard.state import get_engine
 from db import sweeps
+from db.engine import Engine
+from db.spec import SpecError
 
 REFRESH_S = 5
+LABEL_PROBLEMS_KEY = "sweep.label_problems"
 
 
 def chosen_sweep(listed: list) -> int:
@@ -145,7 +148,54 @@ def sweep_view(sweep_id: int) -> None:
     charts_of(summary)
 
 
+def labels_part(engine: Engine, sweep_id: int) -> None:
+    """The sweep's tags and note, and a form to edit them; the note shown as the text it is."""
+    sweep = sweeps.get_sweep(engine, sweep_id)
+    if sweep.tags:
+        st.caption("Tags: " + plain(", ".join(sweep.tags)))
+    if sweep.note:
+        with st.container(border=True):
+            st.markdown(plain(sweep.note))
+    keys = _label_keys(sweep_id)
+    st.session_state.setdefault(keys["tags"], ", ".join(sweep.tags))
+    st.session_state.setdefault(keys["note"], sweep.note)
+    problems = st.session_state.get(LABEL_PROBLEMS_KEY, {}).get(sweep_id, {})
+    with (
+        st.expander("Edit the sweep's tags and note", expanded=bool(problems)),
+        st.form(f"sweep.labels.{sweep_id}"),
+    ):
+        st.text_input("Tags", help="Separated by commas.", key=keys["tags"])
+        if "tags" in problems:
+            st.error(plain(problems["tags"]), icon=":material/error:")
+        st.text_area("Note", help="Markdown source; shown as text.", key=keys["note"])
+        if "note" in problems:
+            st.error(plain(problems["note"]), icon=":material/error:")
+        st.form_submit_button("Save tags and note", on_click=save_labels, args=(engine, sweep_id))
+
+
+def _label_keys(sweep_id: int) -> dict[str, str]:
+    return {"tags": f"sweep.tags.{sweep_id}", "note": f"sweep.note.{sweep_id}"}
+
+
+def save_labels(engine: Engine, sweep_id: int) -> None:
+    keys = _label_keys(sweep_id)
+    changes = {field: st.session_state.get(key, "") for field, key in keys.items()}
+    st.session_state[LABEL_PROBLEMS_KEY] = {}
+    try:
+        labels = sweeps.set_labels(engine, sweep_id, changes)
+    except SpecError as exc:
+        st.session_state[LABEL_PROBLEMS_KEY] = {sweep_id: exc.problems}
+        return
+    except sweeps.SweepNotFound:
+        actions.flash("error", f"Sweep #{sweep_id} no longer exists.")
+        return
+    st.session_state[keys["tags"]] = ", ".join(labels.tags)  # as stored: trimmed, each once
+    st.session_state[keys["note"]] = labels.note
+    actions.flash("success", "Saved the sweep's tags and note.")
+
+
 st.title("Sweeps")
+actions.show_flashes()
 listed = sweeps.list_sweeps(get_engine())
 opened = not listed or bool(st.session_state.get(sweep_form.PROBLEMS_KEY))
 with st.expander("New sweep", icon=":material/add:", expanded=opened):
@@ -162,4 +212,5 @@ chosen = next(sweep for sweep in listed if sweep.id == sweep_id)
 # Redrawn while trials run, a cancelled sweep's too until its last trial has stopped.
 running = chosen.status == "running" or chosen.finished_at is None
 st.markdown(f"**{plain(chosen.name)}**")
+labels_part(get_engine(), sweep_id)
 st.fragment(run_every=REFRESH_S if running else None)(sweep_view)(sweep_id)

@@ -83,6 +83,7 @@ def every_endpoint(job_id: int) -> list[tuple[str, str]]:
     found = []
     for route in api.routes()[1:-1]:
         path = route.path.replace("{job_id:int}", str(job_id)).replace("{kind}", "export")
+        path = path.replace("{sweep_id:int}", "1")
         found += [(method, path) for method in sorted(route.methods - {"HEAD"})]
     return found
 
@@ -240,6 +241,40 @@ def test_a_sweep_is_submitted_and_its_trials_are_jobs_tagged_with_it(
     assert capsys.readouterr().err == f"error: {refused.json()['error']}\n"
 
 
+def test_sweeps_are_listed_and_shown_as_the_cli_prints_them(engine, client, capsys):
+    headers = bearer(create_token(engine, "laptop", 7, "test")[1])
+    labelled = {**SWEEP, "tags": ["lr", "digits"], "note": "**first** <b>try</b>"}
+    sweep_id = client.post("/api/v1/sweeps", headers=headers, json=labelled).json()["id"]
+    other = client.post("/api/v1/sweeps", headers=headers, json=SWEEP).json()["id"]
+
+    def cli(*words):
+        capsys.readouterr()
+        assert main(["sweep", *words, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    listed = client.get("/api/v1/sweeps", headers=headers)
+    assert listed.status_code == 200 and listed.json() == cli("list")
+    assert [sweep["id"] for sweep in listed.json()] == [other, sweep_id]
+    shown_sweep = client.get(f"/api/v1/sweeps/{sweep_id}", headers=headers).json()
+    assert shown_sweep == cli("show", str(sweep_id))
+    assert shown_sweep["tags"] == ["lr", "digits"] and shown_sweep["note"] == labelled["note"]
+    assert [trial["status"] for trial in shown_sweep["trials"]] == ["queued", "queued"]
+    assert shown_sweep["objective"] == {"metric": "accuracy", "direction": "maximize"}
+
+    edited = client.patch(f"/api/v1/sweeps/{sweep_id}", headers=headers, json={"tags": "a, b"})
+    assert edited.status_code == 200 and edited.json()["tags"] == ["a", "b"]
+    assert edited.json()["note"] == labelled["note"], "only the tags were changed"
+    refused = client.patch(f"/api/v1/sweeps/{sweep_id}", headers=headers, json={"colour": 1})
+    assert refused.status_code == 400 and "colour" in refused.json()["fields"]
+    missing = client.get(f"/api/v1/sweeps/{other + 100}", headers=headers)
+    assert (missing.status_code, missing.json()) == (
+        404,
+        {"error": f"no sweep with id {other + 100}"},
+    )
+    huge = client.get(f"/api/v1/sweeps/{2**70}", headers=headers)
+    assert huge.status_code == 404
+
+
 @pytest.mark.parametrize(
     ("cli_args", "body"),
     [
@@ -348,6 +383,7 @@ def test_the_openapi_document_needs_no_token_and_names_every_endpoint(client):
     served = set()
     for route in api.routes()[1:-1]:
         path = route.path.replace("{job_id:int}", "{job_id}")
+        path = path.replace("{sweep_id:int}", "{sweep_id}")
         served |= {(method.lower(), path) for method in route.methods - {"HEAD"}}
     documented = {(method, path) for path, item in document["paths"].items() for method in item}
     assert documented == served

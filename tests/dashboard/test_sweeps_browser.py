@@ -1,6 +1,7 @@
 """The Sweeps page in a real headless Chromium: the parallel-coordinates plot of a running
 sweep is drawn, and grows as its trials finish (each trial run as a worker would, without
-training); the New sweep form starts a sweep. The screenshot is saved as test-output/dashboard/sweeps_page.png."""
+training); the New sweep form starts a sweep. The screenshot is saved as
+test-output/dashboard/sweeps_page.png."""
 
 from __future__ import annotations
 

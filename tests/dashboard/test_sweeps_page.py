@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from db import queue, sweeps
 from tests.dashboard.test_pages import figures, open_page, show_tab, texts
+from tests.support.markdown import shown
 
 DEFINITION = {
     "name": "lr **search** <b>x</b>",
@@ -159,3 +160,30 @@ def test_the_new_sweep_form_refuses_a_bad_definition_naming_the_field(sqlite_eng
     _form(at, "text_input", "space.lr.text").set_value("0.01, 0.001, oops")
     _start(at)
     assert "Learning rate (space.lr): 'oops'" in texts(at), texts(at)
+
+
+def test_a_sweeps_tags_and_note_are_edited_on_its_page_and_set_by_the_form(sqlite_engine):
+    at = open_page("pages/sweeps.py")
+    _form(at, "text_input", "tags").set_value("lr, first")
+    _form(at, "text_area", "note").set_value("see [here](http://x.example) <b>now</b>")
+    _form(at, "number_input", "trials").set_value(1)
+    _start(at)
+    (sweep,) = sweeps.list_sweeps(sqlite_engine)
+    assert (sweep.tags, sweep.note) == (["lr", "first"], "see [here](http://x.example) <b>now</b>")
+    shown_text = texts(at)
+    assert "Tags: lr, first" in shown_text
+    assert "see [here](http://x.example) <b>now</b>" in shown_text, "the note as text"
+
+    at.text_input(key=f"sweep.tags.{sweep.id}").set_value("best, lr")
+    at.text_area(key=f"sweep.note.{sweep.id}").set_value("")
+    at.button(key=f"FormSubmitter:sweep.labels.{sweep.id}-Save tags and note").click().run()
+    assert not at.exception
+    sweep = sweeps.get_sweep(sqlite_engine, sweep.id)
+    assert (sweep.tags, sweep.note) == (["best", "lr"], "")
+    assert "Saved the sweep's tags and note." in texts(at)
+
+    at.text_input(key=f"sweep.tags.{sweep.id}").set_value("x" * 80)
+    at.button(key=f"FormSubmitter:sweep.labels.{sweep.id}-Save tags and note").click().run()
+    assert sweeps.get_sweep(sqlite_engine, sweep.id).tags == ["best", "lr"], "refused"
+    errors = [shown(element.value) for element in at.error]
+    assert any("a tag must be at most 50 characters" in error for error in errors), errors

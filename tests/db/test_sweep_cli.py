@@ -73,3 +73,25 @@ def test_mistakes_are_one_line_naming_the_problem(engine, capsys, tmp_path):
     code, _, err = run_cli(capsys, "sweep", "show", "99")
     assert (code, err) == (2, "error: no sweep with id 99\n")
     assert queue.list_jobs(engine) == []
+
+
+def test_a_sweeps_tags_and_note_come_from_its_file_or_the_command_line(engine, capsys, tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(YAML + "tags: [from-file]\nnote: tried *once*\n")
+    code, out, err = run_cli(capsys, "sweep", "submit", str(path), "--json")
+    assert code == 0, err
+    from_file = json.loads(out)["id"]
+    code, out, err = run_cli(
+        capsys, "sweep", "submit", str(path), "--tag", "a", "--tag", "b", "--note", "n", "--json"
+    )
+    assert code == 0, err
+    from_flags = json.loads(out)["id"]
+    code, out, _ = run_cli(capsys, "sweep", "show", str(from_file), "--json")
+    assert (json.loads(out)["tags"], json.loads(out)["note"]) == (["from-file"], "tried *once*")
+    code, out, _ = run_cli(capsys, "sweep", "show", str(from_flags), "--json")
+    assert (json.loads(out)["tags"], json.loads(out)["note"]) == (["a", "b"], "n")
+    code, out, _ = run_cli(capsys, "sweep", "show", str(from_flags))
+    assert "tags:      a, b" in out
+
+    code, _, err = run_cli(capsys, "sweep", "submit", str(path), "--tag", "x" * 80)
+    assert code == 2 and err.startswith("error: tags: ") and err[-1] == "\n"

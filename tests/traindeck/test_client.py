@@ -145,7 +145,7 @@ def test_a_token_made_on_the_settings_page_submits_a_job_the_jobs_page_shows(ser
         assert Client(base_url, token=token).job(job_id)["status"] == "queued"
 
 
-def test_a_sweep_submitted_from_the_client_queues_trials_tagged_with_it(deck: Client):
+def test_a_sweep_submitted_from_the_client_is_listed_and_shown(deck: Client):
     from tests.dashboard.test_api import SWEEP
 
     sweep_id = deck.submit_sweep(SWEEP)
@@ -154,3 +154,14 @@ def test_a_sweep_submitted_from_the_client_queues_trials_tagged_with_it(deck: Cl
     with pytest.raises(ApiError) as refused:
         deck.submit_sweep({**SWEEP, "trials": 0})
     assert refused.value.status == 400 and "trials" in refused.value.fields
+    shown = deck.sweep(sweep_id)
+    assert shown["id"] == sweep_id and sorted(t["job"] for t in shown["trials"]) == sorted(
+        job["id"] for job in trials
+    )
+    assert deck.sweeps()[0] == shown
+    with pytest.raises(ApiError) as missing:
+        deck.sweep(sweep_id + 100)
+    assert (
+        missing.value.status == 404
+        and missing.value.message == f"no sweep with id {sweep_id + 100}"
+    )
