@@ -3,7 +3,9 @@ Apprise, and marks it sent or to retry. `Drainer` does it in a background thread
 worker and every dashboard; `python -m alerts.drain --once` drains once from a shell.
 
 Which process sends an alert does not matter: a claim is held by one process at a time, so
-each alert is sent once however many drain the same database.
+each alert is sent once however many drain the same database. A drainer also deletes the
+alerts sent or given up on more than TRAINDECK_ALERT_RETENTION_DAYS ago (`clean_up`), at its
+first turn and then at most once every CLEAN_UP_EVERY_S.
 """
 
 from __future__ import annotations
@@ -13,18 +15,22 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import apprise
 
+from common import config
 from common.entry import run_main
 from common.errors import first_line, mask_passwords
 from db import alerts
 from db.engine import Engine, get_engine
+from db.models import utcnow
 
 log = logging.getLogger(__name__)
 INTERVAL_S = 5.0
+CLEAN_UP_EVERY_S = 3600.0
 
 
 def send(url: str, title: str, body: str) -> str | None:
@@ -58,6 +64,16 @@ def drain(engine: Engine, owner: str, now: datetime | None = None) -> int:
     return sent
 
 
+def clean_up(engine: Engine, now: datetime | None = None) -> int:
+    """Delete the alerts that ended (sent or given up on) longer ago than the retention;
+    returns how many."""
+    cutoff = (now or utcnow()) - timedelta(days=config.alert_retention_days())
+    deleted = alerts.delete_ended(engine, cutoff)
+    if deleted:
+        log.info("deleted %d alert(s) sent or given up on before %s", deleted, f"{cutoff:%F %T}")
+    return deleted
+
+
 def process_owner(role: str) -> str:
     return f"{role}:{socket.gethostname()}:{os.getpid()}"
 
@@ -76,6 +92,7 @@ class Drainer(threading.Thread):
         self.interval_s = interval_s
         self._stopped = threading.Event()
         self._problem: str | None = None  # told once, not at every turn, while it lasts
+        self._cleaned_at: float | None = None  # time.monotonic() of the last clean-up
 
     def run(self) -> None:
         while not self._stopped.is_set():
@@ -85,7 +102,12 @@ class Drainer(threading.Thread):
     def turn(self) -> None:
         """Drain once; a failure is logged when it first happens or changes."""
         try:
-            drain(self.engine_source(), self.owner)
+            engine = self.engine_source()
+            drain(engine, self.owner)
+            now = time.monotonic()
+            if self._cleaned_at is None or now - self._cleaned_at >= CLEAN_UP_EVERY_S:
+                clean_up(engine)
+                self._cleaned_at = now
         except Exception as exc:
             if first_line(exc) != self._problem:
                 log.warning("cannot drain the alert outbox: %s", first_line(exc))
@@ -123,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     owner = args.owner or process_owner("drain")
     if args.once:
         print(f"sent {drain(engine, owner)} alert(s)")
+        clean_up(engine)
         return 0
     Drainer(lambda: engine, owner).run()
     return 0

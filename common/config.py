@@ -64,6 +64,11 @@ def sqlite_busy_timeout_s() -> float:
     return settings().sqlite_busy_timeout_s
 
 
+def alert_retention_days() -> float:
+    """Days a sent or abandoned alert stays in the outbox before a drainer deletes it."""
+    return settings().alert_retention_days
+
+
 def checkpoint_interval_s() -> float:
     """Seconds between two checkpoint writes of a job (its spec may say otherwise)."""
     return settings().checkpoint_interval_s

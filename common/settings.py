@@ -166,6 +166,16 @@ class Settings(BaseSettings):
         None, "TRAINDECK_WORKER_DATABASE_URL", f"a database URL, {DATABASE_URL_FORMS}"
     )
 
+    # Alerts (alerts.drain): how long a sent or abandoned alert stays in the outbox.
+    alert_retention_days: float = _setting(
+        30.0,
+        "TRAINDECK_ALERT_RETENTION_DAYS",
+        "a number of days greater than 0 (at most 3650)",
+        gt=0,
+        le=3650,
+        allow_inf_nan=False,
+    )
+
     # The dashboard.
     port: int = _setting(8501, "TRAINDECK_PORT", "a port number from 1 to 65535", ge=1, le=65535)
     address: str = _setting(

@@ -9,7 +9,8 @@ candidates locked `FOR UPDATE SKIP LOCKED`; SQLite: in `BEGIN IMMEDIATE`) sets t
 its deadline, so two processes never hold one row. The holder sends it and marks it `sent`,
 or `retry_later` with a doubling back-off, giving up after MAX_ATTEMPTS. A holder that died
 mid-send leaves a claim that expires after CLAIM_S; the row is then sent again (the one case
-where an alert can arrive twice).
+where an alert can arrive twice). Rows sent or given up on are deleted after
+TRAINDECK_ALERT_RETENTION_DAYS by the drainers (`delete_ended`).
 """
 
 from __future__ import annotations
@@ -295,6 +296,17 @@ def retry_later(
             line = f"alert '{alert.event}' to {alert.destination} failed ({error}); {what}"
             _log(connection, alert, "warning", line)
     return retry_at
+
+
+def delete_ended(engine: Engine, before: datetime) -> int:
+    """Delete the alerts sent, or given up on, before `before`; returns how many. Pending ones
+    stay however old. (An event recorded again after its row is gone would be sent again: the
+    retention is meant to be far longer than any event can be recorded twice.)"""
+    ended = (AlertOutbox.sent_at < before) | (
+        AlertOutbox.sent_at.is_(None) & (AlertOutbox.gave_up_at < before)
+    )
+    with write_tx(engine) as connection:
+        return connection.execute(delete(AlertOutbox).where(ended)).rowcount
 
 
 @dataclass(frozen=True)

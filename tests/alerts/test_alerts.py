@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select, update
 
 from alerts.destinations import masked_url, save_destination
-from alerts.drain import drain
+from alerts.drain import Drainer, drain
 from db import alerts, queue
 from db.alerts import list_destinations, recent_alerts, remove_destination
 from db.engine import read_tx, write_tx
@@ -171,6 +171,45 @@ def test_an_alert_is_given_up_after_its_attempts(sqlite_engine, receiver):
     receiver.up()
     assert drain(sqlite_engine, "worker-1", now=moment + timedelta(days=1)) == 0
     assert receiver.received == []
+
+
+def test_alerts_sent_or_given_up_on_are_deleted_after_the_retention(
+    sqlite_engine, receiver, monkeypatch
+):
+    engine = sqlite_engine
+    monkeypatch.setenv("TRAINDECK_ALERT_RETENTION_DAYS", "7")
+    save_destination(engine, "hook", receiver.url, ["succeeded", "failed"])
+    old_sent, old_gave_up, old_pending, new_sent = (finished(engine) for _ in range(4))
+    assert drain(engine, "worker-1") == 4
+    long_ago = utcnow() - timedelta(days=8)
+    with write_tx(engine) as connection:
+        connection.execute(
+            update(AlertOutbox).where(AlertOutbox.job_id == old_sent).values(sent_at=long_ago)
+        )
+        connection.execute(
+            update(AlertOutbox)
+            .where(AlertOutbox.job_id == old_gave_up)
+            .values(sent_at=None, gave_up_at=long_ago)
+        )
+        connection.execute(
+            update(AlertOutbox)
+            .where(AlertOutbox.job_id == old_pending)
+            .values(sent_at=None, created_at=long_ago, next_attempt_at=utcnow() + timedelta(days=1))
+        )
+    drainer = Drainer(lambda: engine, "worker-2")
+    drainer.turn()
+    assert sorted(job_id for _, job_id in outbox(engine)) == [old_pending, new_sent]
+    assert len(receiver.received) == 4, "nothing was sent again"
+
+    # Cleaned at the drainer's first turn, then at most once an hour.
+    with write_tx(engine) as connection:
+        connection.execute(
+            update(AlertOutbox).where(AlertOutbox.job_id == new_sent).values(sent_at=long_ago)
+        )
+    drainer.turn()
+    assert sorted(job_id for _, job_id in outbox(engine)) == [old_pending, new_sent]
+    assert Drainer(lambda: engine, "worker-3").turn() is None
+    assert [job_id for _, job_id in outbox(engine)] == [old_pending], "pending ones stay"
 
 
 def test_the_settings_page_adds_a_destination_shows_it_masked_and_removes_it(sqlite_engine):
