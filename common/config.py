@@ -82,3 +82,13 @@ def jobs_per_process() -> int:
 def xla_read_every() -> int:
     """Training steps between two reads of the loss from an XLA device."""
     return settings().xla_read_every
+
+
+def system_metrics_interval_s() -> float:
+    """Seconds between two samples of a running job's system metrics (0: none are taken)."""
+    return settings().system_metrics_interval_s
+
+
+def tpu_metrics_address() -> str:
+    """HOST:PORT of libtpu's runtime metrics service (gRPC) on a TPU VM."""
+    return settings().tpu_metrics_address

@@ -145,6 +145,22 @@ class Settings(BaseSettings):
         ge=1,
         le=10_000,
     )
+    # A running job's system metrics (worker.system_metrics): seconds between two samples, and
+    # where libtpu's runtime metrics service answers on a TPU VM.
+    system_metrics_interval_s: float = _setting(
+        5.0,
+        "TRAINDECK_SYSTEM_METRICS_INTERVAL",
+        "a number of seconds, 0 (off) or from 1 to 86400",
+        ge=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+    )
+    tpu_metrics_address: str = _setting(
+        "localhost:8431",
+        "TRAINDECK_TPU_METRICS_ADDRESS",
+        "HOST:PORT, e.g. localhost:8431",
+        pattern=r"^\S+:[0-9]{1,5}$",
+    )
 
     # Cloud TPU VMs (cloud.tpu, cloud.watch and the TPU VMs page).
     tpu_api_endpoint: str | None = _setting(
@@ -226,6 +242,14 @@ class Settings(BaseSettings):
             key: value.strip() if isinstance(value, str) else value for key, value in data.items()
         }
         return {key: value for key, value in stripped.items() if value != ""}
+
+    @field_validator("system_metrics_interval_s")
+    @classmethod
+    def _whole_seconds_apart(cls, value: float) -> float:
+        # Samples are stored at whole seconds (worker.system_metrics): closer ones would clash.
+        if 0 < value < 1:
+            raise ValueError("under 1 second")
+        return value
 
     @field_validator("auth", mode="before")
     @classmethod

@@ -8,6 +8,15 @@ Metric names carry their cadence as a prefix, and step means:
   than 5 classes), `epoch/time_s`, `epoch/images_per_s`, and on CUDA `epoch/cuda_max_memory_mb`.
 - `lr_find/…`: step = lr_find iteration: `lr_find/lr`, `lr_find/loss`; and
   `lr_find/suggestion` (step 0), the learning rate the job then used.
+- `sys/…`: the system while the job runs, sampled every TRAINDECK_SYSTEM_METRICS_INTERVAL
+  seconds (`worker.system_metrics`), step = whole seconds since the job was submitted, epoch
+  empty: `sys/cpu_pct` (the host's CPU, % of all its cores), `sys/process_cpu_pct` and
+  `sys/loader_cpu_pct` (the job process's and its DataLoader worker processes' CPU, % of one
+  core), `sys/rss_mb` (the job process's resident memory, MiB), `sys/disk_read_mb_s` (the
+  host's disk reads, MiB/s); per TPU chip N `sys/tpuN/duty_cycle_pct` (TensorCore duty
+  cycle), `sys/tpuN/hbm_used_gib` and `sys/tpuN/hbm_total_gib`; on a GPU N
+  `sys/cudaN/allocated_mb`, `sys/cudaN/reserved_mb` (PyTorch's allocator) and
+  `sys/cudaN/util_pct` (NVML).
 
 A point is unique by (job, name, step): writing it again is a no-op, so a resumed job that
 re-sends points never doubles them. A value that is not a finite number (the loss of a diverged
@@ -47,6 +56,8 @@ BATCH = "batch/"
 EPOCH = "epoch/"
 EPOCH_END = EPOCH[:-1] + chr(ord(EPOCH[-1]) + 1)  # "epoch0": every name with the prefix is below
 LR_FIND = "lr_find/"
+SYS = "sys/"
+SYS_END = SYS[:-1] + chr(ord(SYS[-1]) + 1)  # "sys0": every name with the prefix is below
 MAX_EVENT_CHARS = 20_000
 
 
@@ -152,6 +163,44 @@ def final_metrics(engine: Engine, job_ids: Sequence[int]) -> dict[int, dict[str,
         )
         for job_id, name, value in connection.execute(statement):
             result[job_id][name.removeprefix(EPOCH)] = value
+    return result
+
+
+def latest_system_values(
+    engine: Engine, job_ids: Sequence[int]
+) -> dict[int, tuple[float, dict[str, float]]]:
+    """Per job that has `sys/` points: the wall time of its newest sample and each `sys/`
+    metric's newest value, keyed without the prefix.
+
+    Each name is found by one index seek in the `sys/` range of the (job_id, name, step) index
+    and its newest value by another (reading backwards), so the cost follows the number of
+    names, not how long the jobs have run.
+    """
+    result: dict[int, tuple[float, dict[str, float]]] = {}
+    with read_tx(engine) as connection:
+        for job_id in job_ids:
+            values: dict[str, float] = {}
+            newest = 0.0
+            name: str | None = SYS
+            while True:
+                name = connection.execute(
+                    select(Metric.name)
+                    .where(Metric.job_id == job_id, Metric.name > name, Metric.name < SYS_END)
+                    .order_by(Metric.name)
+                    .limit(1)
+                ).scalar()
+                if name is None:
+                    break
+                value, wall_time = connection.execute(
+                    select(Metric.value, Metric.wall_time)
+                    .where(Metric.job_id == job_id, Metric.name == name)
+                    .order_by(Metric.step.desc())
+                    .limit(1)
+                ).one()
+                values[name.removeprefix(SYS)] = value
+                newest = max(newest, wall_time)
+            if values:
+                result[job_id] = (newest, values)
     return result
 
 

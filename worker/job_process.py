@@ -132,6 +132,7 @@ def run_job(
     from db.sweeps import trial_of
     from worker.checkpoint import write_failure
     from worker.reporter import TelemetryWriter
+    from worker.system_metrics import start_for_job
 
     lease = Lease(assignment.job_id, args.worker_id, assignment.lease)
     writer = TelemetryWriter(engine, lease)
@@ -141,10 +142,12 @@ def run_job(
     log.info("job process %d%s", os.getpid(), after)
     from worker import training
 
+    sampler = None
     try:
         job = retry_while_unavailable(
             lambda: get_job(engine, assignment.job_id), "read the job", give_up=stop.is_set
         )
+        sampler = start_for_job(writer, job.created_at, args.device)
         spec = JobSpec.model_validate(job.spec)
         trial = retry_while_unavailable(
             lambda: trial_of(engine, assignment.job_id),
@@ -190,6 +193,8 @@ def run_job(
         _write_error(Path(assignment.error_file), message)
         return EXIT_FAILED
     finally:
+        if sampler is not None:
+            sampler.stop()  # before the writer closes: its last points are written too
         if not writer.close(WRITER_CLOSE_TIMEOUT_S):
             print(
                 f"{LOG_PREFIX}{assignment.job_id}] WARNING could not write the last metrics to "

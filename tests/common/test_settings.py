@@ -70,6 +70,10 @@ GOOD = [
     ("TRAINDECK_TPU_ZONE", "us-central2-b", "tpu_zone", "us-central2-b"),
     ("TRAINDECK_SOURCE_URL", "https://example.com/traindeck.git", "source_url",
      "https://example.com/traindeck.git"),
+    ("TRAINDECK_SYSTEM_METRICS_INTERVAL", "0", "system_metrics_interval_s", 0.0),
+    ("TRAINDECK_SYSTEM_METRICS_INTERVAL", "2.5", "system_metrics_interval_s", 2.5),
+    ("TRAINDECK_TPU_METRICS_ADDRESS", "127.0.0.1:50051", "tpu_metrics_address",
+     "127.0.0.1:50051"),
 ]  # fmt: skip
 
 
@@ -118,6 +122,9 @@ BAD = [
     ("TRAINDECK_TPU_API_ENDPOINT", "ftp://somewhere/v2", "an address like https://"),
     ("TRAINDECK_TPU_API_ENDPOINT", "http://127.0.0.1:port", "an address like https://"),
     ("TRAINDECK_TPU_API_ENDPOINT", "https://tpu.googleapis.com/v2", "an address like https://"),
+    ("TRAINDECK_SYSTEM_METRICS_INTERVAL", "0.5", "0 (off) or from 1 to 86400"),
+    ("TRAINDECK_SYSTEM_METRICS_INTERVAL", "-1", "0 (off) or from 1 to 86400"),
+    ("TRAINDECK_TPU_METRICS_ADDRESS", "localhost", "HOST:PORT"),
 ]
 
 
