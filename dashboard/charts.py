@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 
 from dashboard.format import chart_text
@@ -189,6 +191,19 @@ def times_figure(epochs: Sequence[int], times: Mapping[str, Sequence[float]]) ->
     traces = [go.Bar(x=list(epochs), y=list(values), name=label) for label, values in times.items()]
     layout = _layout("XLA time per epoch", "epoch", "seconds", barmode="group", hovermode="x")
     return go.Figure(traces, layout=layout)
+
+
+def time_figure(
+    lines: Mapping[str, Buckets], origin: datetime, title: str, y_title: str
+) -> go.Figure:
+    """One line per series whose steps are seconds since `origin` (a job's `sys/` metrics,
+    step = seconds since the job was submitted), drawn against the clock (UTC)."""
+    traces = []
+    for label, series in lines.items():
+        x, y = envelope(series)
+        when = pd.Timestamp(origin) + pd.to_timedelta(x, unit="s")
+        traces.append(go.Scatter(x=when, y=y, mode="lines", name=label))
+    return go.Figure(traces, layout=_layout(title, "time (UTC)", y_title))
 
 
 # --- sweeps ---------------------------------------------------------------------------------

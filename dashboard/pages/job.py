@@ -23,6 +23,7 @@ from dashboard.live import LiveJob
 from dashboard.nav import SWEEPS_PAGE
 from dashboard.results_view import render_results
 from dashboard.state import get_engine
+from dashboard.system_view import system_tab
 from db.artifacts import list_artifacts
 from db.engine import Engine
 from db.joblist import job_number
@@ -409,6 +410,7 @@ JOB_TABS: list[tuple[str, Callable[[Engine, Job, LiveJob], None]]] = [
     ("Curves", curves_tab),
     ("Results", lambda engine, job, _live: render_results(engine, job.id)),
     ("Diagnostics", diagnostics_tab),
+    ("System", system_tab),
     ("Log", log_tab),
     ("Spec", spec_tab),
     ("Artifacts", artifacts_tab),

@@ -1,6 +1,9 @@
-"""Workers: each worker process with its host, device, state by heartbeat, and current job."""
+"""Workers: each worker process with its host, device, state by heartbeat, and current job,
+with the newest system metrics its running job's process sampled (`dashboard.system_view`)."""
 
 from __future__ import annotations
+
+import time
 
 import pandas as pd
 import streamlit as st
@@ -8,7 +11,9 @@ import streamlit as st
 from common.config import DEFAULT_HEARTBEAT_TIMEOUT_S, heartbeat_timeout_s
 from dashboard.format import duration, plain, since
 from dashboard.state import get_engine
+from dashboard.system_view import worker_columns
 from db.models import Worker
+from db.telemetry import latest_system_values
 from db.workers import is_stale, list_workers
 
 REFRESH_S = 5
@@ -46,6 +51,15 @@ def workers_view() -> None:
             "Their running jobs go back to the queue (or fail when out of attempts).",
             icon=":material/heart_broken:",
         )
+    busy = [w.current_job_id for w in workers if w.current_job_id is not None and w.state == "busy"]
+    latest = latest_system_values(get_engine(), busy)
+    now = time.time()
+    system = []
+    for worker in workers:
+        sampled = latest.get(worker.current_job_id) if worker.state == "busy" else None
+        columns = worker_columns(sampled[1] if sampled else {})
+        columns["sampled"] = f"{duration(max(0.0, now - sampled[0]))} ago" if sampled else None
+        system.append(columns)
     frame = pd.DataFrame(
         {
             "worker": [worker.id for worker in workers],
@@ -62,6 +76,10 @@ def workers_view() -> None:
             "up for": [duration(since(worker.started_at)) for worker in workers],
         }
     )
+    for name in system[0]:
+        shown = [columns[name] for columns in system]
+        if any(value is not None for value in shown):  # no empty TPU column on a CPU fleet
+            frame[name] = shown
     st.dataframe(
         frame.style.apply(
             lambda column: ["color: #d33" if value == "stale" else "" for value in column],
