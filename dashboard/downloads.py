@@ -5,6 +5,8 @@ hundreds of megabytes. Instead the job page asks `link_for` for a link: an ungue
 that names one recorded file for a limited time. The route (`routes()`, served by the `st.App`
 in `dashboard/app.py`) streams that object from the store (`common.store`: a bucket or a local
 folder) in chunks of a megabyte, with its SHA-256 in a `Repr-Digest` header.
+A link may instead name a file made when it is fetched (`link_for_made`: the job's TensorBoard
+runs as a zip): it is written to a temporary file off the event loop, streamed, and deleted.
 Where sign-in is required, the sign-in gate (`dashboard.auth.server.SignInGate`) stands in front
 of this route too, and each link is bound to the sign-in that got it: another browser, or the
 same one after signing out, is refused even with the token.
@@ -15,17 +17,21 @@ from __future__ import annotations
 import base64
 import os
 import secrets
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import BinaryIO
 
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.responses import FileResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from common import store
+from common.errors import first_line
 from dashboard import auth
 
 ROUTE_PREFIX = "/downloads/"
@@ -43,6 +49,8 @@ class _Link:
     # The sign-in that may use the link (a `dashboard.auth.sessions` identity); None where none
     # is needed.
     owner: str | None
+    # Writes the file's bytes when the link is fetched; None for a stored object at `url`.
+    make: Callable[[BinaryIO], None] | None = None
 
 
 _links: dict[str, _Link] = {}
@@ -66,6 +74,22 @@ def link_for(url: str | os.PathLike, file_name: str, sha256: str) -> str:
             token = secrets.token_urlsafe(24)
             _links[token] = _Link(url, file_name, sha256, now + LINK_LIFETIME_S, owner)
             _token_by_file[key] = token
+    return ROUTE_PREFIX + token
+
+
+def link_for_made(key: str, file_name: str, make: Callable[[BinaryIO], None]) -> str:
+    """The URL path that downloads, as `file_name`, what `make(file)` writes when the link is
+    fetched; `key` names what it makes (the same key, the same link while it is valid)."""
+    owner = auth.session_identity()
+    now = time.monotonic()
+    made_key = ("made:" + key, "", owner)
+    with _lock:
+        _forget_expired(now)
+        token = _token_by_file.get(made_key)
+        if token is None or _links[token].expires_at - now < MIN_REMAINING_S:
+            token = secrets.token_urlsafe(24)
+            _links[token] = _Link(made_key[0], file_name, "", now + LINK_LIFETIME_S, owner, make)
+            _token_by_file[made_key] = token
     return ROUTE_PREFIX + token
 
 
@@ -100,7 +124,34 @@ async def serve_download(request: Request) -> Response:
                 status_code=403,
                 headers={"Cache-Control": "no-store"},
             )
+    if link.make is not None:
+        return await _serve_made(link.make, link.file_name)
     return await stream_file(request, link.url, link.file_name, link.sha256)
+
+
+def _make_file(make: Callable[[BinaryIO], None]) -> str:
+    handle, path = tempfile.mkstemp(prefix="traindeck-download-")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            make(out)
+    except BaseException:
+        os.unlink(path)
+        raise
+    return path
+
+
+async def _serve_made(make: Callable[[BinaryIO], None], file_name: str) -> Response:
+    try:
+        path = await run_in_threadpool(_make_file, make)
+    except Exception as exc:  # the database went away, the disk is full, ...
+        return PlainTextResponse(f"Cannot make {file_name}: {first_line(exc)}", status_code=503)
+    return FileResponse(
+        path,
+        filename=file_name,
+        media_type="application/octet-stream",
+        headers={"Cache-Control": "no-store"},
+        background=BackgroundTask(os.unlink, path),
+    )
 
 
 def _text_problem(message: str, status: int) -> Response:

@@ -39,7 +39,7 @@ from db.migrate import upgrade
 from db.models import ALERT_EVENTS, JOB_STATUSES
 from db.spec import JobSpec, SpecError, spec_from_json
 from db.sweeps import SweepNotFound
-from traindeck import sweep_cli
+from traindeck import diagnostics_cli, sweep_cli
 
 EXIT_DATABASE_ERROR = 3
 DESCRIPTION = (
@@ -521,6 +521,7 @@ def build_parser(prog: str = "traindeck") -> argparse.ArgumentParser:
         command(name, handler, help_text).add_argument("id", type=job_id, help="job id")
 
     sweep_cli.add_commands(commands)
+    diagnostics_cli.add_commands(commands)
     dataset_subs = command_group(
         commands,
         "dataset",

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from common import store
-from dashboard import actions, charts, xla
+from dashboard import actions, charts, diagnostics_view, xla
 from dashboard.downloads import link_for
 from dashboard.format import between, duration, plain, size
 from dashboard.live import LiveJob
@@ -388,7 +388,6 @@ def artifacts_tab(engine: Engine, job: Job, live: LiveJob) -> None:
             if job.status not in FINISHED_STATUSES
             else "This job left no files."
         )
-        return
     for artifact in artifacts:
         name = store.display_name(artifact.path)
         with st.container(border=True):
@@ -403,6 +402,7 @@ def artifacts_tab(engine: Engine, job: Job, live: LiveJob) -> None:
                 )
             else:
                 st.warning(f"The file {plain(artifact.path)} is not on this machine.")
+    diagnostics_view.tensorboard_part(engine, job)
 
 
 # (title, render(engine, job, live)): the job page's tabs, in order.
