@@ -64,9 +64,11 @@ def instrument_like_worker(
     """Add what `worker.training.run` adds to a Learner: per-batch loss and lr, per-epoch
     metrics, progress, the background writer flushing to the database, the stop check, a
     checkpoint every epoch written in the background (unless `checkpoints` is off), and on XLA
-    the metrics report. The fit ends when the last checkpoint is on disk, as the worker waits
-    for it before the export; `after_write(path, epoch)` hears of each checkpoint written (the
-    worker's uploader to the store). Returns the telemetry writer to close."""
+    the metrics report; and what the job process adds around it, the system-metrics sampler
+    (every TRAINDECK_SYSTEM_METRICS_INTERVAL seconds, from the fit's start to its end). The
+    fit ends when the last checkpoint is on disk, as the worker waits for it before the
+    export; `after_write(path, epoch)` hears of each checkpoint written (the worker's uploader
+    to the store). Returns the telemetry writer to close."""
     from fastai.callback.core import Callback
 
     from db import queue
@@ -79,6 +81,7 @@ def instrument_like_worker(
     )
     from worker.checkpoint import CheckpointWriter
     from worker.reporter import TelemetryWriter
+    from worker.system_metrics import start_for_job
 
     job_id = queue.enqueue(engine, spec)
     lease = queue.claim(engine, "bench").lease
@@ -99,8 +102,24 @@ def instrument_like_worker(
         def after_fit(self) -> None:
             checkpoint_writer.wait()
 
+    submitted = queue.get_job(engine, job_id).created_at
+
+    class SystemSampling(Callback):
+        """The job process's sampler, over the fit (the job process runs it over the job)."""
+
+        def before_fit(self) -> None:
+            self.sampler = start_for_job(writer, submitted, "xla" if xla else "cpu")
+
+        def after_fit(self) -> None:
+            if self.sampler is not None:
+                self.sampler.stop()
+
     learn.add_cbs(
-        [TelemetryCallback(writer, clock, label), StopCallback(threading.Event(), os.getppid())]
+        [
+            TelemetryCallback(writer, clock, label),
+            StopCallback(threading.Event(), os.getppid()),
+            SystemSampling(),
+        ]
     )
     if checkpoints:
         learn.add_cbs([EpochEndCallback(clock, checkpoint), LastCheckpointOnDisk()])

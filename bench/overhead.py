@@ -11,7 +11,9 @@ epochs; they alternate A, B, A, B… in one process so that the machine's noise 
   B  traindeck: per-batch loss and lr, per-epoch metrics, progress, the background writer
      flushing to a real SQLite database, the stop check, a checkpoint every epoch, and on
      XLA the metrics report every epoch, with the loss and metrics kept on the device and
-     read every TRAINDECK_XLA_READ_EVERY (N) steps (`worker.device_values`).
+     read every TRAINDECK_XLA_READ_EVERY (N) steps (`worker.device_values`), and the
+     system-metrics sampler every TRAINDECK_SYSTEM_METRICS_INTERVAL seconds
+     (`worker.system_metrics`; 0 leaves it out).
 Prints each arm's training throughput (images/s), the ratio B/A (target ≥ 0.98), and on XLA,
 counted with torch_xla's metrics, the device→host transfers and graph executions of each per
 training step (inside the training passes; target: B ≤ 1/N, where A makes one a step), per
