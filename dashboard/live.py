@@ -3,7 +3,9 @@
 The first refresh reads every series of the job in min/max buckets (`db.series.snapshot`);
 each later one asks for metric rows and XLA reports with ids above the last ones
 seen, and appends them. A series that outgrows twice the bucket budget is merged back down,
-so a page's memory stays bounded however long the job runs.
+so a page's memory stays bounded however long the job runs. A LiveJob may follow only the
+names that start with one of `only`, and none of `skip`: the job page's curves leave the
+`sys/` series to the System tab, which follows them alone while it is open.
 """
 
 from __future__ import annotations
@@ -28,10 +30,18 @@ class LiveJob:
     xla: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     latest_xla_raw: str = ""
     last_xla_id: int = 0
+    only: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()
+    xla_reports: bool = True
+
+    def follows(self, name: str) -> bool:
+        return (not self.only or name.startswith(self.only)) and not name.startswith(self.skip)
 
     def refresh(self, engine: Engine) -> int:
         """Fetch what is new since the last refresh. Returns how many metric points came."""
         new_points = self._refresh_metrics(engine)
+        if not self.xla_reports:
+            return new_points
         for row in xla_reports(engine, self.job_id, self.last_xla_id):
             self.xla.append((row.epoch, dict(row.summary or {})))
             self.latest_xla_raw = row.raw
@@ -42,14 +52,15 @@ class LiveJob:
         if self.last_metric_id >= 0:
             new = rows_since(engine, self.job_id, self.last_metric_id, MAX_NEW_ROWS)
             if new.complete:
-                for name, points in new.series.items():
+                followed = {n: p for n, p in new.series.items() if self.follows(n)}
+                for name, points in followed.items():
                     merged = self.series.get(name, Buckets.empty()).extend(points)
                     if len(merged) > 2 * self.max_buckets:
                         merged = merged.coarsen(self.max_buckets)
                     self.series[name] = merged
                 self.last_metric_id = new.last_id
-                return sum(points.point_count for points in new.series.values())
-        first = snapshot(engine, self.job_id, self.max_buckets)
+                return sum(points.point_count for points in followed.values())
+        first = snapshot(engine, self.job_id, self.max_buckets, only=self.only, skip=self.skip)
         self.series = dict(first.series)
         self.last_metric_id = first.last_id
         return sum(points.point_count for points in first.series.values())

@@ -12,11 +12,13 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboard import charts
+from dashboard.live import LiveJob
 from db.engine import Engine
 from db.models import FINISHED_STATUSES, Job
 from db.series import Buckets
 from db.telemetry import SYS
 
+LIVE_KEY = "job.system_live"
 _PER_DEVICE = re.compile(r"^(tpu|cuda)(\d+)/(.+)$")
 NO_POINTS_YET = (
     "No system metrics yet: the job's process samples the host (and the TPU or GPU) every "
@@ -129,7 +131,19 @@ def system_figures(system: SystemSeries, job: Job) -> list[tuple[str, go.Figure]
     return figures
 
 
-def system_tab(engine: Engine, job: Job, live) -> None:
+def system_live(engine: Engine, job_id: int) -> LiveJob:
+    """The job's `sys/` series, followed (refreshed with only the new rows) while the System
+    tab is open: the other tabs' LiveJob leaves them out, so a long job's samples cost the
+    job page nothing until someone looks at them."""
+    state = st.session_state.get(LIVE_KEY)
+    if not isinstance(state, LiveJob) or state.job_id != job_id:
+        state = st.session_state[LIVE_KEY] = LiveJob(job_id, only=(SYS,), xla_reports=False)
+    state.refresh(engine)
+    return state
+
+
+def system_tab(engine: Engine, job: Job, _live: LiveJob) -> None:
+    live = system_live(engine, job.id)
     system = SystemSeries.of({name: live.get(name) for name in live.names(SYS)})
     if not system:
         if job.status in FINISHED_STATUSES:

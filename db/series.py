@@ -287,14 +287,23 @@ def snapshot(
     job_id: int,
     max_buckets: int | None = DEFAULT_MAX_BUCKETS,
     names: list[str] | None = None,
+    *,
+    only: tuple[str, ...] = (),
+    skip: tuple[str, ...] = (),
 ) -> SeriesSnapshot:
-    """Every series of a job (or those in `names`) as by `read_series` (every point when
+    """Every series of a job (or those in `names`; else those whose name starts with one of
+    `only` when given, and with none of `skip`) as by `read_series` (every point when
     `max_buckets` is None), and the id of the newest row they hold, all from one snapshot of
-    the database."""
+    the database. A view that draws some prefixes passes them, so that the others (a long
+    job's `sys/` series) cost it nothing but their names."""
     with _snapshot_tx(engine) as connection:
         last_id = _last_metric_id(connection, job_id)
         if names is None:
-            names = _series_names(connection, job_id)
+            names = [
+                name
+                for name in _series_names(connection, job_id)
+                if (not only or name.startswith(only)) and not name.startswith(skip)
+            ]
         series = {name: _read_series(connection, job_id, name, max_buckets) for name in names}
     return SeriesSnapshot(last_id, {name: b for name, b in series.items() if len(b)})
 

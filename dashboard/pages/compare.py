@@ -20,7 +20,7 @@ from db.joblist import EVERY_JOB, JobFilter, job_number
 from db.jobs_table import JobRow, find_jobs, job_page, jobs_by_id
 from db.models import JOB_STATUSES
 from db.series import Buckets, snapshot
-from db.telemetry import final_metrics
+from db.telemetry import BATCH, EPOCH, final_metrics
 
 MAX_BUCKETS = 600
 DEFAULT_COUNT = 3
@@ -86,7 +86,9 @@ show_all = st.toggle("Show every spec field (not only those that differ)", key="
 st.dataframe(parameters_table(selected, show_all), hide_index=True, width="stretch")
 
 series = {  # legend names: plotly renders some HTML in them
-    f"#{row.id} {chart_text(row.name)}": snapshot(get_engine(), row.id, MAX_BUCKETS).series
+    f"#{row.id} {chart_text(row.name)}": snapshot(
+        get_engine(), row.id, MAX_BUCKETS, only=(BATCH, EPOCH)
+    ).series
     for row in selected
 }
 losses = {label: s["batch/train_loss"] for label, s in series.items() if "batch/train_loss" in s}

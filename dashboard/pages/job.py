@@ -32,7 +32,7 @@ from db.labels import job_labels, set_labels
 from db.models import FINISHED_STATUSES, Job
 from db.queue import JobNotFound, get_job
 from db.spec import SpecError
-from db.telemetry import log_line_count, log_page
+from db.telemetry import SYS, log_line_count, log_page
 
 REFRESH_S = 2
 LIVE_KEY = "job.live"
@@ -87,7 +87,8 @@ def chosen_job_id() -> int | None:
 def live_state(job_id: int) -> LiveJob:
     state = st.session_state.get(LIVE_KEY)
     if not isinstance(state, LiveJob) or state.job_id != job_id:
-        state = st.session_state[LIVE_KEY] = LiveJob(job_id)
+        # The System tab follows the `sys/` series itself (dashboard.system_view).
+        state = st.session_state[LIVE_KEY] = LiveJob(job_id, skip=(SYS,))
     return state
 
 

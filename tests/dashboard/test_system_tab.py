@@ -73,9 +73,35 @@ def test_the_tpu_metrics_services_duty_cycle_and_hbm_arrive_on_the_system_tab(sq
     assert values(hbm["data"][0]["y"]).tolist() == [12.0, 12.0, 12.0]
     assert {"Host CPU", "CPU of the job's processes", "Job memory (resident)"} <= set(drawn)
 
-    # The system series stay off the Curves tab and its per-epoch panels.
+    # The System tab follows the sys/ series on its own; the other tabs' LiveJob never reads
+    # them, and the curves draw none of them.
+    assert at.session_state["job.live"].names("sys/") == []
+    write_metrics(sqlite_engine, live.id, [MetricPoint("sys/tpu0/duty_cycle_pct", 75, 90.0)])
+    at.run()
+    drawn = {figure["layout"]["title"]["text"]: figure for figure in figures(at)}
+    duty = drawn["TPU TensorCore duty cycle"]["data"][0]
+    assert values(duty["y"]).tolist() == [87.5, 87.5, 87.5, 90.0], "new samples are appended"
     curves = {f["layout"]["title"]["text"] for f in figures(show_tab(at, "Curves"))}
     assert not any("TPU" in title or "CPU" in title for title in curves)
+
+
+def test_views_of_the_curves_read_no_system_series(sqlite_engine):
+    from db.series import snapshot
+
+    live = seed.running_job(sqlite_engine)
+    sample_a_tpu_job(sqlite_engine, live, samples=1)
+    names = set(snapshot(sqlite_engine, live.id).series)
+    assert "sys/tpu0/duty_cycle_pct" in names and "batch/train_loss" in names
+    assert set(snapshot(sqlite_engine, live.id, skip=("sys/",)).series) == {
+        name for name in names if not name.startswith("sys/")
+    }
+    assert set(snapshot(sqlite_engine, live.id, only=("sys/",)).series) == {
+        name for name in names if name.startswith("sys/")
+    }
+    compare = open_page("pages/compare.py", jobs=str(live.id))
+    titles = {figure["layout"]["title"]["text"] for figure in figures(compare)}
+    assert "Train loss per batch (smoothed)" in titles
+    assert not any("sys" in title or "cpu" in title for title in titles)
 
 
 def test_a_job_without_system_metrics_says_why(sqlite_engine):
