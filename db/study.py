@@ -181,11 +181,17 @@ def ask(
 
 
 def report(
-    engine: Engine, name: str, sweep: SweepSpec, number: int, epoch: int, value: float
+    engine: Engine,
+    name: str,
+    sweep: SweepSpec,
+    number: int,
+    epoch: int,
+    value: float,
+    ask_pruner: bool = True,
 ) -> bool:
     """Record the objective after `epoch` (global, 0-based) of trial `number`; whether the
-    pruner says to stop it. A trial already ended (a repeated report after a resume) is
-    asked to stop only when it was pruned."""
+    pruner says to stop it (False without asking it unless `ask_pruner`). A trial already
+    ended (a repeated report after a resume) is asked to stop only when it was pruned."""
     study = _load(engine, name, sweep)
     store = storage(engine)
     trial_id = store.get_trial_id_from_study_id_trial_number(
@@ -198,7 +204,7 @@ def report(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # a step reported again after a resume
         trial.report(value, epoch + 1)
-    return trial.should_prune()
+    return ask_pruner and trial.should_prune()
 
 
 def _reported(engine: Engine, name: str, number: int) -> dict[int, float]:

@@ -476,9 +476,17 @@ def trial_of(engine: Engine, job_id: int) -> Trial | None:
     return Trial(row.sweep_id, row.study_name, row.trial_number, parse_sweep(row.definition))
 
 
-def report_epoch(engine: Engine, trial: Trial, epoch: int, value: float) -> bool:
-    """Record the objective after `epoch` (0-based); whether the pruner says stop."""
-    return study.report(engine, trial.study_name, trial.sweep, trial.number, epoch, value)
+def report_epoch(
+    engine: Engine, trial: Trial, epoch: int, value: float, last: bool = False
+) -> bool:
+    """Record the objective after `epoch` (0-based); whether the pruner says stop. After the
+    trial's `last` epoch the pruner is not asked: stopping then would save no training (only
+    the export) and would throw away a finished trial's result, so the trial completes. (With
+    ASHA's default reduction factor 3 the second rung falls on epoch 3: every trial of a
+    3-epoch sweep reaching it was trained whole, and those it pruned there saved nothing.)"""
+    return study.report(
+        engine, trial.study_name, trial.sweep, trial.number, epoch, value, ask_pruner=not last
+    )
 
 
 def end_trial(engine: Engine, trial: Trial, state: str, kept_epoch: int | None = None) -> None:

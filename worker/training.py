@@ -403,7 +403,7 @@ def run(ctx: TrainingContext) -> Path:
     )
 
     def on_epoch_end(epoch: int) -> None:
-        if report_to_sweep(ctx, learn, epoch):
+        if report_to_sweep(ctx, learn, epoch, epoch + 1 == clock.total_epochs):
             ctx.pruned_at = epoch
         stopping = best.stopped_at is not None or ctx.pruned_at is not None
         last = epoch + 1 == clock.total_epochs or stopping
@@ -449,14 +449,15 @@ def run(ctx: TrainingContext) -> Path:
     return export
 
 
-def report_to_sweep(ctx: TrainingContext, learn: Learner, epoch: int) -> bool:
-    """A trial's objective after `epoch`, sent to its study; whether the pruner says stop."""
+def report_to_sweep(ctx: TrainingContext, learn: Learner, epoch: int, last: bool) -> bool:
+    """A trial's objective after `epoch`, sent to its study; whether the pruner says stop (never
+    after the `last` epoch: the trial is trained, it completes)."""
     trial = ctx.trial
     if trial is None:
         return False
     value = epoch_value(learn, trial.sweep.metric)
     return ctx.db(
-        lambda: report_epoch(ctx.engine, trial, epoch, value), "report to the sweep's study"
+        lambda: report_epoch(ctx.engine, trial, epoch, value, last), "report to the sweep's study"
     )
 
 

@@ -213,3 +213,46 @@ def test_every_sampler_and_pruner_runs_a_sweep_to_its_end(sqlite_engine, sampler
     if sampler == "grid":
         assert sorted(row.params["bs"] for row in summary.trials) == [16, 32, 64]
     assert summary.best is not None and summary.best.final
+
+
+def test_a_trials_last_epoch_completes_it_however_the_pruner_judges_it(sqlite_engine):
+    """ASHA (reduction factor 3) judges a 3-epoch trial again after epoch 3, its last: a stop
+    there saves no training and loses the result, so the last report never asks the pruner."""
+    engine = sqlite_engine
+    definition = _definition(
+        space={"lr": {"type": "log_uniform", "low": 1e-4, "high": 1e-1}},
+        trials=3, max_concurrent=1, pruner="asha",
+    )  # fmt: skip
+    sweep_id = sweeps.submit_sweep(engine, definition)
+
+    def start():
+        sweeps.drive(engine, sweep_id, "test")
+        claimed = queue.claim(engine, "test-worker")
+        return claimed, sweeps.trial_of(engine, claimed.id)
+
+    claimed, first = start()
+    for epoch, value in enumerate([0.9, 0.9, 0.9]):  # the old way: the pruner asked at the end
+        assert not sweeps.report_epoch(engine, first, epoch, value)
+    sweeps.end_trial(engine, first, "complete", kept_epoch=2)
+    assert queue.finish(engine, claimed.lease, "succeeded")
+
+    claimed, second = start()
+    assert not sweeps.report_epoch(engine, second, 0, 0.95)
+    assert not sweeps.report_epoch(engine, second, 1, 0.5)
+    assert not sweeps.report_epoch(engine, second, 2, 0.1, last=True), "trained: it completes"
+    sweeps.end_trial(engine, second, "complete", kept_epoch=2)
+    assert queue.finish(engine, claimed.lease, "succeeded")
+
+    claimed, third = start()  # the same values, the pruner asked after the last epoch
+    assert not sweeps.report_epoch(engine, third, 0, 0.95)
+    assert not sweeps.report_epoch(engine, third, 1, 0.5)
+    assert sweeps.report_epoch(engine, third, 2, 0.1), "what ASHA says when it is asked"
+    sweeps.end_trial(engine, third, "pruned")
+    assert queue.finish(engine, claimed.lease, "pruned")
+
+    summary = sweeps.summary(engine, sweep_id)
+    assert [(row.status, row.final, row.objective) for row in summary.trials] == [
+        ("succeeded", True, 0.9),
+        ("succeeded", True, 0.1),
+        ("pruned", False, 0.1),
+    ]
