@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import csv
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from datasets.item_table import ItemTable
 from datasets.roots import ItemRule
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
@@ -55,12 +57,16 @@ class LabelledItems:
     `is_valid` column). `skipped` names the files left out and why, one line each.
     """
 
-    items: list[tuple[Path | str, str]]  # a Path from a scan, a str from a manifest
-    is_valid: list[bool] | None = None
+    # (path, label) pairs: a list of (Path, str) from a scan, an `ItemTable` (compact, its
+    # paths as str) from a manifest
+    items: Sequence[tuple[Path | str, str]]
+    is_valid: Sequence[bool] | None = None  # a list, or a numpy bool array from a manifest
     skipped: list[str] = field(default_factory=list)
 
     @property
     def classes(self) -> list[str]:
+        if isinstance(self.items, ItemTable):
+            return self.items.present_classes()
         return sorted({label for _, label in self.items})
 
 

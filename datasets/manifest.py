@@ -27,8 +27,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import numpy as np
+
 from common import store
 from common.cpus import map_in_chunks
+from datasets.item_table import ItemTable
 from datasets.labelling import DatasetError, LabelledItems
 from datasets.validation import DatasetReport, counted
 
@@ -56,14 +59,12 @@ class Manifest:
 
     def items(self, root: Path) -> LabelledItems:
         """The labelled images under `root` (where the dataset lies on this machine), as
-        path strings: what the DataLoaders read, with nothing listed or opened."""
+        path strings in a compact table (`datasets.item_table`): what the DataLoaders read,
+        with nothing listed or opened."""
         prefix = os.path.join(str(root), "")
-        classes = self.classes
-        items = [
-            (prefix + name, classes[label])
-            for name, label in zip(self.files, self.labels, strict=True)
-        ]
-        return LabelledItems(items, None if self.valid is None else list(self.valid))
+        table = ItemTable.from_names(prefix, self.files, self.labels, self.classes)
+        valid = None if self.valid is None else np.array(self.valid, dtype=bool)
+        return LabelledItems(table, valid)
 
 
 def _stat(path: str) -> tuple[int, int] | None:

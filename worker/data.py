@@ -11,14 +11,13 @@ import io
 import logging
 from typing import Any
 
+import numpy as np
 import torch
 from fastai.data.core import DataLoaders, Datasets, TfmdDL
 from fastai.data.transforms import (
     Categorize,
-    IndexSplitter,
     IntToFloatTensor,
     ItemGetter,
-    RandomSplitter,
     ToTensor,
 )
 from fastai.torch_core import to_device
@@ -27,9 +26,11 @@ from fastai.vision.core import PILImage, imagenet_stats
 from fasttransform.cast import explode_types
 
 from common.cpus import usable_cpus
+from common.memory import release_freed_memory
 from datasets.builtin import ensure_digits
 from datasets.folders import local_root
 from datasets.images import open_image
+from datasets.item_table import ItemTable
 from datasets.labelling import DatasetError, LabelledItems, scan_items
 from datasets.register import current_manifest
 from db.datasets import get_dataset
@@ -42,7 +43,7 @@ from worker.skipped import OpenOrSkip, SkipRecord
 
 log = logging.getLogger(__name__)
 
-__all__ = ["build_dataloaders", "load_items", "loader_workers", "usable_cpus"]
+__all__ = ["build_dataloaders", "load_items", "loader_workers", "random_split", "usable_cpus"]
 
 SMALL_DATASET_ITEMS = 5_000
 MAX_LOADER_WORKERS = 16
@@ -73,9 +74,24 @@ def load_items(engine: Engine, dataset_name: str) -> LabelledItems:
     if message:
         log.warning("%s", message)
     items = manifest.items(root)
+    # The manifest's lists (every file's name, size and time) are freed here: give their
+    # pages back, or glibc keeps them for the whole job (`common.memory`).
+    del manifest
+    release_freed_memory()
     if len(items.classes) < 2:
         raise DatasetError(f"dataset {dataset.name!r} has fewer than 2 classes at {root}")
     return items
+
+
+def random_split(count: int, valid_pct: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The training and the validation indices of fastai's `RandomSplitter(valid_pct, seed)`
+    over `count` items, the same numbers in the same order (it seeds torch's generator and
+    holds out the first `int(valid_pct * count)` of a permutation), as arrays: fastai's own
+    makes a Python integer of each."""
+    torch.manual_seed(seed)
+    permutation = torch.randperm(count).numpy()
+    cut = int(valid_pct * count)
+    return permutation[cut:], permutation[:cut]
 
 
 def loader_workers(item_count: int, cpus: int | None = None) -> int:
@@ -148,14 +164,14 @@ def build_dataloaders(
             f"dataset {spec.dataset!r} needs at least 2 classes of readable images; found "
             f"{len(items.items)} images in {len(items.classes)} classes"
         )
-    all_items = items.items
+    table = items.items if isinstance(items.items, ItemTable) else ItemTable.from_pairs(items.items)
+    count = len(table)
     if items.is_valid is not None:
-        valid_indices = [i for i, flag in enumerate(items.is_valid) if flag]
-        splitter = IndexSplitter(valid_indices)
-        training_count = len(all_items) - len(valid_indices)
+        flags = np.asarray(items.is_valid, dtype=bool)
+        training_count = count - int(flags.sum())
     else:
-        splitter = RandomSplitter(valid_pct=spec.valid_pct, seed=spec.seed)
-        training_count = training_images(len(all_items), spec.valid_pct)
+        flags = None
+        training_count = training_images(count, spec.valid_pct)
     problem = batch_size_problem(spec.bs, training_count, spec.dataset)
     if problem:
         raise DatasetError(problem)
@@ -163,10 +179,16 @@ def build_dataloaders(
     opener = OpenOrSkip(record) if record is not None else open_image
     # The classes given: fastai would otherwise read every label to find them.
     tfms = [[ItemGetter(0), opener, PILImage.create], [ItemGetter(1), Categorize(items.classes)]]
-    # Plain ints, shared by both pipelines (fastai would turn numpy indices into new ints twice).
-    splits = [[int(index) for index in part] for part in splitter(all_items)]
-    dsets = Datasets(all_items, tfms, splits=splits, do_setup=False)
-    sample = (_blank_png(), all_items[0][1])
+    if flags is not None:  # as fastai's IndexSplitter splits
+        train_indices, valid_indices = np.flatnonzero(~flags), np.flatnonzero(flags)
+    else:
+        train_indices, valid_indices = random_split(count, spec.valid_pct, spec.seed)
+    # The training items first, then the validation ones, so that each part is a slice: the
+    # parts are views of one index array, where fastai would make lists of ints and of items.
+    ordered = table.take(np.concatenate((train_indices, valid_indices)))
+    parts = [slice(0, len(train_indices)), slice(len(train_indices), count)]
+    dsets = Datasets(ordered, tfms, splits=parts, do_setup=False)
+    sample = (_blank_png(), table.label(0))
     _set_up(dsets, sample)
     train = TfmdDL(
         dsets.subset(0),
@@ -174,10 +196,12 @@ def build_dataloaders(
         shuffle=True,
         drop_last=True,
         device=device,
-        num_workers=loader_workers(len(all_items)),
+        num_workers=loader_workers(count),
         after_item=[Resize(spec.img_size), ToTensor()],
         after_batch=[IntToFloatTensor(), *batch_tfms, Normalize.from_stats(*imagenet_stats)],
     )
     _probe_types(train, dsets, sample)
     valid = train.new(dsets.subset(1), bs=spec.bs, shuffle=False, drop_last=False, n=None)
+    del train_indices, valid_indices  # the split's arrays, copied into `ordered`
+    release_freed_memory()
     return DataLoaders(train, valid, path=".", device=device)

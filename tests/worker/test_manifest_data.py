@@ -11,12 +11,22 @@ from pathlib import Path
 import pytest
 import torch
 from fastai.data.block import CategoryBlock, DataBlock, TransformBlock
-from fastai.data.transforms import IntToFloatTensor, ItemGetter, RandomSplitter
+from fastai.data.core import Datasets
+from fastai.data.transforms import (
+    Categorize,
+    IndexSplitter,
+    IntToFloatTensor,
+    ItemGetter,
+    RandomSplitter,
+    ToTensor,
+)
+from fastai.torch_core import set_seed
 from fastai.vision.augment import Normalize, Resize
 from fastai.vision.core import PILImage, imagenet_stats
 
 from common import store
 from datasets.images import open_image
+from datasets.item_table import ItemTable
 from datasets.register import register_folder
 from db import queue
 from db.datasets import get_dataset
@@ -92,6 +102,88 @@ def test_the_loaders_are_those_fastai_makes_from_the_first_image(sqlite_engine, 
         )
 
     assert described(ours) == described(theirs)
+
+
+def _fastai_split_loaders(items, spec, splitter):
+    """The DataLoaders as the worker made them before `ItemTable`: fastai's Datasets over a
+    list of (path, label) pairs, split by fastai's own splitter."""
+    pairs = list(items.items)
+    tfms = [
+        [ItemGetter(0), open_image, PILImage.create],
+        [ItemGetter(1), Categorize(items.classes)],
+    ]
+    splits = [[int(index) for index in part] for part in splitter(pairs)]
+    dsets = Datasets(pairs, tfms, splits=splits)
+    return dsets.dataloaders(
+        bs=spec.bs, device=CPU, num_workers=0, after_item=[Resize(spec.img_size), ToTensor()]
+    )
+
+
+def _epoch_order(dl) -> list[tuple[str, str]]:
+    return [tuple(map(str, dl.items[index])) for index in dl.get_idxs()]
+
+
+@pytest.mark.parametrize("fixed_split", [False, True], ids=["random-split", "fixed-split"])
+def test_the_items_labels_split_and_order_are_fastais(sqlite_engine, data_dir, fixed_split):
+    """The compact table changes no training result: the same items in each part, the same
+    labels, and the same shuffled order for a seed as fastai's lists of pairs give."""
+    if fixed_split:
+        root = make_split_dataset(data_dir / "d", ("cat", "dog", "fox"), 7, 3)
+    else:
+        root = make_folder_dataset(data_dir / "d", ("cat", "dog", "fox"), per_class=9)
+    register_folder(sqlite_engine, "d", root)
+    items = load_items(sqlite_engine, "d")
+    assert isinstance(items.items, ItemTable)
+    if fixed_split:
+        splitter = IndexSplitter([i for i, flag in enumerate(items.is_valid) if flag])
+    else:
+        splitter = RandomSplitter(valid_pct=SPEC.valid_pct, seed=SPEC.seed)
+
+    set_seed(SPEC.seed)
+    ours = build_dataloaders(items, SPEC, CPU)
+    after_ours = torch.rand(3)
+    set_seed(SPEC.seed)
+    theirs = _fastai_split_loaders(items, SPEC, splitter)
+    after_theirs = torch.rand(3)
+
+    assert torch.equal(after_ours, after_theirs), "the split leaves torch's generator alike"
+    for part in (0, 1):
+        assert list(ours[part].items) == list(theirs[part].items)
+        assert [y for _, y in ours[part].dataset] == [y for _, y in theirs[part].dataset]
+    for epoch in range(2):
+        assert _epoch_order(ours.train) == _epoch_order(theirs.train), f"epoch {epoch}"
+    assert _epoch_order(ours.valid) == _epoch_order(theirs.valid)
+    assert ours.vocab == theirs.vocab
+    assert torch.equal(ours.valid.one_batch()[1], theirs.valid.one_batch()[1])
+
+
+def test_the_loaders_keep_no_list_per_image(sqlite_engine, data_dir):
+    """Each part of the split is a view of one table: no list of pairs, paths or indices."""
+    root = make_folder_dataset(data_dir / "animals", per_class=6)
+    register_folder(sqlite_engine, "animals", root)
+    dls = build_dataloaders(load_items(sqlite_engine, "animals"), SPEC, CPU)
+    for dl in dls.loaders:
+        for part in dl.dataset.tls:
+            assert isinstance(part.items, ItemTable)
+            assert all(isinstance(split, slice) for split in part.splits)
+    assert len(dls.train_ds) == 10 and len(dls.valid_ds) == 2
+    # What the export pickles keeps the steps and none of the items.
+    empty = dls.new_empty()
+    assert all(len(dl.dataset) == 0 for dl in empty.loaders)
+    assert not any(
+        isinstance(part.items, ItemTable) for dl in empty.loaders for part in dl.dataset.tls
+    )
+
+
+def test_random_split_is_fastais_random_splitter():
+    for count, valid_pct, seed in ((10, 0.2, 42), (1_001, 0.25, 7), (5, 0.0, 0), (3, 0.5, 1)):
+        torch.manual_seed(999)
+        train, valid = data.random_split(count, valid_pct, seed)
+        after = torch.rand(2)
+        torch.manual_seed(999)
+        their_train, their_valid = RandomSplitter(valid_pct=valid_pct, seed=seed)(range(count))
+        assert torch.equal(after, torch.rand(2))
+        assert train.tolist() == list(their_train) and valid.tolist() == list(their_valid)
 
 
 def test_a_folder_changed_after_registration_is_noticed_and_registered_again(
