@@ -17,12 +17,25 @@ dashboard's own process (its CPU, or the hundreds of MB a large image takes to d
 uploads take turns, and a decoder that crashes or runs out of memory ends a pool process, not
 the dashboard. The pool starts on first use (spawned, so it shares nothing with the threads of
 the process that starts it) and lives as long as that process.
+
+A spawned process first runs the parent's `__main__` script again, from its path, and takes the
+parent's `sys.path`. While a Streamlit page runs, `__main__` is that page (Streamlit installs
+each script it runs as `__main__`) and the script's folder is first on `sys.path`: a pool
+started from the Datasets page would run the whole page in each of its processes, and under
+Streamlit's AppTest, whose script folder is `dashboard/pages/`, `import datasets` there finds
+the page `datasets.py` instead of this package, so the pool's processes fail. The pool's
+processes are therefore started (`_spawning_plainly`) with a `__main__` that names no script
+and without that script's folder on the path they copy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
+import sys
 import threading
+import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -165,6 +178,33 @@ def _shared_pool() -> ProcessPoolExecutor:
         return _pool
 
 
+_spawn_lock = threading.Lock()
+_PLAIN_MAIN = types.ModuleType("__main__")  # no __file__, no __spec__: nothing to run again
+
+
+@contextlib.contextmanager
+def _spawning_plainly() -> Iterator[None]:
+    """Processes spawned in this block do not run the parent's `__main__` script again, nor
+    see its folder first on their path (see the module's notes). The parent's own `__main__`
+    and path are back at the end of the block (unless another thread replaced them)."""
+    with _spawn_lock:
+        main = sys.modules.get("__main__")
+        script = getattr(main, "__file__", None)
+        folder = os.path.dirname(os.path.abspath(script)) if script else None
+        path = sys.path
+        kept = [entry for entry in path if os.path.abspath(entry or ".") != folder]
+        sys.modules["__main__"] = _PLAIN_MAIN
+        if len(kept) != len(path):
+            sys.path = kept
+        try:
+            yield
+        finally:
+            if sys.modules.get("__main__") is _PLAIN_MAIN and main is not None:
+                sys.modules["__main__"] = main
+            if sys.path is kept:
+                sys.path = path
+
+
 def _discard_pool(broken: ProcessPoolExecutor) -> None:
     global _pool
     with _pool_lock:
@@ -194,7 +234,9 @@ def _run(
     try:
         while True:
             while len(running) < CHECK_PROCESSES and (batch := next(pending, None)):
-                running[pool.submit(_in_pool, work, batch[1], limits)] = batch
+                # A submission may start one of the pool's processes (spawned on demand).
+                with _spawning_plainly():
+                    running[pool.submit(_in_pool, work, batch[1], limits)] = batch
             if not running:
                 return results
             finished, _ = wait(running, return_when=FIRST_COMPLETED)

@@ -127,3 +127,37 @@ def test_pils_own_bomb_error_is_a_reason(tmp_path: Path, monkeypatch) -> None:
         None,
         "has too many pixels to decode safely (Pillow refuses it as a decompression bomb)",
     )
+
+
+def test_the_pool_started_from_a_page_script_does_not_run_that_script_again(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """As while a Streamlit page runs: `__main__` is the page script and its folder, which
+    holds a `datasets.py` (the Datasets page), is first on the path. The pool's processes are
+    spawned then; they must neither run the page again nor import it as the `datasets`
+    package."""
+    import sys
+    import types
+
+    from datasets import image_checks
+
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    ran = tmp_path / "the page ran"
+    script = f"open({str(ran)!r}, 'a').write('ran')\n"
+    (pages / "datasets.py").write_text(script)
+    page = types.ModuleType("__main__")
+    page.__file__ = str(pages / "datasets.py")
+    monkeypatch.setitem(sys.modules, "__main__", page)
+    monkeypatch.setattr(sys, "path", [str(pages), *sys.path])
+    monkeypatch.setattr(image_checks, "_pool", None)  # a pool of new processes
+    path = write_image(tmp_path / "ok.png", (1, 2, 3), size=8)
+    try:
+        checked, decoded = check_images([path], PixelLimits())
+    finally:
+        pool = image_checks._pool
+        if pool is not None:
+            pool.shutdown(wait=True)
+    assert [found.problem for found in checked] == [None] and decoded == 64
+    assert not ran.exists(), "a pool process ran the page script"
+    assert sys.modules["__main__"] is page and sys.path[0] == str(pages), "both put back"
