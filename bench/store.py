@@ -2,6 +2,7 @@
 local store, and a download through the dashboard's route against reading the object directly.
 
     .venv/bin/python -m bench.store [--rounds 3] [--epochs 2] [--img-size 16] [--mb 100]
+        [--parts fit,download]
 
 The bucket is the Cloud Storage emulator (fake-gcs-server, tests/support/gcs.py) on loopback,
 reached through gcsfs as a real bucket is. One interleaved run: every round runs each arm once,
@@ -13,9 +14,13 @@ so that the machine's noise hits them alike.
             the bucket. Target: local/bucket ≥ 0.97 (the upload does not slow training). The
             time the last upload took after the fit ended is printed beside it.
   download  an object of --mb megabytes in the bucket, read through the dashboard's download
-            route (dashboard.downloads.routes() served by uvicorn on 127.0.0.1, read over HTTP
-            in 1 MB reads) and directly with the store's client (common.store.iter_chunks).
-            Target: route/direct ≥ 0.8.
+            route (dashboard.downloads.routes() served by uvicorn on 127.0.0.1 in a process of
+            its own, as the dashboard is, and read over HTTP in 1 MB reads by this process, as
+            a browser would elsewhere) and directly with the store's client in this process
+            (common.store.iter_chunks). Target: route/direct ≥ 0.8. Beside the rates, the CPU
+            time per 100 MB of each process: the reader, the route's server, the emulator.
+            (Until this change the route was served by a thread of this process, the reader's:
+            its rate then also paid for the reader's CPU and the threads' contention.)
 Prints the figures and the ratios; never fails on timing.
 """
 
@@ -26,9 +31,9 @@ import http.client
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -65,26 +70,46 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _serve_downloads() -> tuple[Any, threading.Thread, int]:
-    """The dashboard's download route alone, served by uvicorn on loopback (no sign-in)."""
-    import uvicorn
-    from starlette.applications import Starlette
+SERVE = """
+import sys
+import uvicorn
+from starlette.applications import Starlette
+from dashboard import auth, downloads
+auth.session_identity = lambda: None  # a link for anyone: no sign-in in front of the route
+print(downloads.link_for(sys.argv[1], "export.pkl", sys.argv[2]), flush=True)
+app = Starlette(routes=downloads.routes())
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[3]), log_level="warning")
+"""
 
-    from dashboard import downloads
 
+def _serve_downloads(url: str, sha256: str) -> tuple[subprocess.Popen, str, int]:
+    """The dashboard's download route alone, served by uvicorn on loopback in a process of
+    its own (no sign-in): the process, the link to `url`, the port."""
     port = _free_port()
-    config = uvicorn.Config(
-        Starlette(routes=downloads.routes()), host="127.0.0.1", port=port, log_level="warning"
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVE, url, sha256, str(port)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise SystemExit("uvicorn did not start")
-        time.sleep(0.05)
-    return server, thread, port
+    assert server.stdout is not None
+    link = server.stdout.readline().strip()
+    deadline = time.monotonic() + 60
+    while True:
+        if server.poll() is not None or time.monotonic() > deadline or not link:
+            server.kill()
+            raise SystemExit("the download route did not start")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server, link, port
+        except OSError:
+            time.sleep(0.05)
+
+
+def _cpu_seconds(process: Any) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def _read_through_route(port: int, link: str) -> int:
@@ -115,21 +140,25 @@ def main() -> None:
     parser.add_argument("--img-size", type=int, default=16)
     parser.add_argument("--bs", type=int, default=64)
     parser.add_argument("--mb", type=int, default=100, help="size of the downloaded object")
+    parser.add_argument("--parts", default="fit,download", help="which comparisons to run")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
 
     bench = prepare_digits_fit("traindeck-store-", args.epochs, args.img_size, args.bs, False)
     folder, engine, spec, setup = bench.folder, bench.engine, bench.spec, bench.setup
     dls = bench.dls
     emulator = _start_bucket(Path(tempfile.mkdtemp(prefix="traindeck-store-bucket-")))
 
+    import psutil
+
     from common import store
-    from dashboard import auth, downloads
     from worker.checkpoint_upload import CheckpointUploader
     from worker.training import build_learner
 
     print(f"store benchmark: resnet18, digits {args.img_size}px, bs {args.bs}, {args.epochs} "
           f"epochs; an object of {args.mb} MB; {args.rounds} rounds per arm, on {setup.label}; "
-          f"the bucket is fake-gcs-server on loopback")  # fmt: skip
+          f"the bucket is fake-gcs-server on loopback; the download route is served by a "
+          f"process of its own (before 2026-12-04: a thread of the reader's)")  # fmt: skip
 
     runs = iter(range(1, 1_000_000))
 
@@ -170,52 +199,75 @@ def main() -> None:
         source, store.job_output_key(1, "export.pkl", store.sha256_file(source))
     )
     source.unlink()
-    auth.session_identity = lambda: None  # a link for anyone: no sign-in in front of the route
-    link = downloads.link_for(stored.url, "export.pkl", stored.sha256)
-    server, thread, port = _serve_downloads()
+    server, link, port = _serve_downloads(stored.url, stored.sha256)
+    processes = {
+        "reader": psutil.Process(),
+        "server": psutil.Process(server.pid),
+        "emulator": psutil.Process(emulator.process.pid),
+    }
+    cpu: dict[bool, dict[str, list[float]]] = {False: {}, True: {}}
 
     def download(through_route: bool) -> float:
-        """Megabytes per second."""
+        """Megabytes per second (and each process's CPU seconds per 100 MB, into `cpu`)."""
         _use_store(True)
+        before = {name: _cpu_seconds(process) for name, process in processes.items()}
         started = time.perf_counter()
         read = _read_through_route(port, link) if through_route else _read_directly(stored.url)
         elapsed = time.perf_counter() - started
         if read != stored.bytes:
             raise SystemExit(f"read {read} bytes of {stored.bytes}")
+        for name, process in processes.items():
+            spent = (_cpu_seconds(process) - before[name]) * 100e6 / read
+            cpu[through_route].setdefault(name, []).append(spent)
         return read / 1e6 / elapsed
 
     try:
-        fit(False), fit(True), download(False), download(True)  # warm-up: first-touch costs
+        if "fit" in parts:
+            fit(False), fit(True)  # warm-up: first-touch costs
+        download(False), download(True)
         fits: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
         reads: dict[bool, list[float]] = {False: [], True: []}
         for round_index in range(args.rounds):
-            for bucket in (False, True):
+            for bucket in (False, True) if "fit" in parts else ():
                 fits[bucket].append(fit(bucket))
                 seconds, tail = fits[bucket][-1]
                 arm = "bucket" if bucket else "local"
                 print(f"  round {round_index + 1} fit, {arm:<6} store {seconds:7.2f} s "
                       f"(+{tail:.2f} s for the last upload)", flush=True)  # fmt: skip
-            for through_route in (False, True):
+            for through_route in (False, True) if "download" in parts else ():
                 reads[through_route].append(download(through_route))
                 arm = "route " if through_route else "direct"
                 print(f"  round {round_index + 1} download, {arm}  "
                       f"{reads[through_route][-1]:8.1f} MB/s", flush=True)  # fmt: skip
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+        server.terminate()
+        server.wait(timeout=30)
         emulator.stop()
 
-    local = statistics.median(seconds for seconds, _ in fits[False])
-    bucket = statistics.median(seconds for seconds, _ in fits[True])
-    tail = statistics.median(tail for _, tail in fits[True])
+    if "fit" in parts:
+        local = statistics.median(seconds for seconds, _ in fits[False])
+        bucket = statistics.median(seconds for seconds, _ in fits[True])
+        tail = statistics.median(tail for _, tail in fits[True])
+        print(f"fit, local store   {local:7.2f} s")
+        print(
+            f"fit, bucket store  {bucket:7.2f} s  (+{tail:.2f} s until its last checkpoint was up)"
+        )
+        print(f"ratio local/bucket {local / bucket:.3f} (target ≥ 0.97)")
+    if "download" not in parts:
+        return
     direct = statistics.median(reads[False])
     route = statistics.median(reads[True])
-    print(f"fit, local store   {local:7.2f} s")
-    print(f"fit, bucket store  {bucket:7.2f} s  (+{tail:.2f} s until its last checkpoint was up)")
-    print(f"ratio local/bucket {local / bucket:.3f} (target ≥ 0.97)")
     print(f"download, directly with the client  {direct:8.1f} MB/s")
     print(f"download, through the route         {route:8.1f} MB/s")
     print(f"ratio route/direct {route / direct:.3f} (target ≥ 0.8)")
+    for through_route in (False, True):
+        spent = ", ".join(
+            f"{name} {statistics.median(values):.3f} s"
+            for name, values in cpu[through_route].items()
+            if name != "server" or through_route
+        )
+        arm = "through the route" if through_route else "directly"
+        print(f"CPU per 100 MB, {arm}: {spent}")
 
 
 if __name__ == "__main__":
