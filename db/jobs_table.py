@@ -1,8 +1,9 @@
 """The rows of the dashboard's jobs table: each job with its progress and latest metrics.
 
-One query: the latest `batch/train_loss`, `epoch/valid_loss` and `epoch/accuracy` of each job
-are correlated subqueries, each one backward seek on the (job_id, name, step) index, so the
-cost grows with the number of jobs shown, not with the number of metric points.
+One query: the latest `batch/train_loss`, `epoch/valid_loss`, `epoch/accuracy` and
+`epoch/input_wait_share` of each job are correlated subqueries, each one backward seek on the
+(job_id, name, step) index, so the cost grows with the number of jobs shown, not with the
+number of metric points.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from db.ids import one_of
 from db.joblist import EVERY_JOB, Cursor, JobFilter, Order, count, fetch, job_number
 from db.labels import tags_of
 from db.models import Job, Metric
+from db.telemetry import INPUT_WAIT_SHARE
 
 LATEST_METRICS = {
     "train_loss": "batch/train_loss",
     "valid_loss": "epoch/valid_loss",
     "accuracy": "epoch/accuracy",
+    "input_wait": INPUT_WAIT_SHARE,
 }
 
 
@@ -49,6 +52,7 @@ class JobRow:
     train_loss: float | None
     valid_loss: float | None
     accuracy: float | None
+    input_wait: float | None = None  # the share of a step spent waiting for data, latest epoch
     note: str = ""
     tags: tuple[str, ...] = ()
 

@@ -5,7 +5,9 @@ Metric names carry their cadence as a prefix, and step means:
   `batch/train_loss` (raw loss of the batch), `batch/lr`.
 - `epoch/…`: one point per epoch, step = epoch index (0-based): `epoch/train_loss`,
   `epoch/valid_loss`, `epoch/accuracy`, `epoch/error_rate`, `epoch/top5_accuracy` (more
-  than 5 classes), `epoch/time_s`, `epoch/images_per_s`, and on CUDA `epoch/cuda_max_memory_mb`.
+  than 5 classes), `epoch/time_s`, `epoch/images_per_s`, `epoch/input_wait_share` (the share
+  of the training pass spent waiting for the next batch, 0 to 1: `worker.input_wait`), and on
+  CUDA `epoch/cuda_max_memory_mb`.
 - `lr_find/…`: step = lr_find iteration: `lr_find/lr`, `lr_find/loss`; and
   `lr_find/suggestion` (step 0), the learning rate the job then used.
 - `sys/…`: the system while the job runs, sampled every TRAINDECK_SYSTEM_METRICS_INTERVAL
@@ -58,6 +60,10 @@ EPOCH_END = EPOCH[:-1] + chr(ord(EPOCH[-1]) + 1)  # "epoch0": every name with th
 LR_FIND = "lr_find/"
 SYS = "sys/"
 SYS_END = SYS[:-1] + chr(ord(SYS[-1]) + 1)  # "sys0": every name with the prefix is below
+INPUT_WAIT_SHARE = EPOCH + "input_wait_share"
+# Past this share of a training pass spent waiting for input, the job is input-bound: the
+# device mostly idles while the host loads.
+INPUT_BOUND_SHARE = 0.5
 MAX_EVENT_CHARS = 20_000
 
 

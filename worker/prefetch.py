@@ -21,14 +21,12 @@ types again (TensorImage, TensorCategory) before the batch transforms.
 
 fastai's Learner still drives the loop: `PrefetchCallback` swaps the Learner's current
 DataLoader for a prefetching view of it at the start of each training and validation pass.
-After each training pass it measures how much of the pass the training thread spent waiting
-for a batch; past half of it, the job's log says the job is input-bound (once per job, which
-is also what an `input_bound` alert follows, `db.alerts`).
+The prefetcher counts how long the training thread waited for a batch (the queue empty):
+`worker.input_wait` turns that into each epoch's share of waiting, as it does on every device.
 """
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 import time
@@ -38,10 +36,6 @@ from typing import Any
 from fastai.callback.core import Callback
 from fastai.data.core import TfmdDL
 from fastai.torch_core import retain_types
-
-log = logging.getLogger(__name__)
-# Past this share of a training pass spent waiting for input, the device mostly idles.
-INPUT_BOUND_SHARE = 0.5
 
 PREFETCH_DEPTH = 3
 _POLL_S = 0.1
@@ -168,21 +162,8 @@ class DevicePrefetcher:
         return False
 
 
-def input_bound_warning(epoch: int, waited_s: float, pass_s: float) -> str | None:
-    """The job's log line when the training thread waited for its input more than
-    INPUT_BOUND_SHARE of a training pass (`epoch` counted from 0), else None."""
-    if pass_s <= 0 or waited_s <= INPUT_BOUND_SHARE * pass_s:
-        return None
-    return (
-        f"input-bound: training waited for its input {waited_s / pass_s:.0%} of epoch "
-        f"{epoch + 1} ({waited_s:.1f} s of {pass_s:.1f} s): loading the images on the host "
-        "cannot keep up with the device (smaller images or more CPU cores for the loader help)"
-    )
-
-
 class PrefetchCallback(Callback):
-    """Runs every training and validation pass of the Learner through a `DevicePrefetcher`,
-    and tells once when a training pass waited for its input more than it computed."""
+    """Runs every training and validation pass of the Learner through a `DevicePrefetcher`."""
 
     order = -30
 
@@ -190,21 +171,9 @@ class PrefetchCallback(Callback):
         self.place = place
         self.depth = depth
         self.prefetchers: list[DevicePrefetcher] = []
-        self._pass_started = (0.0, 0.0)  # (perf_counter, waited_s) at the training pass's start
-        self._told_input_bound = False
 
     def before_train(self) -> None:
-        self._pass_started = (time.perf_counter(), self.waited_s)
         self._wrap()
-
-    def after_train(self) -> None:
-        started, waited_before = self._pass_started
-        warning = input_bound_warning(
-            self.epoch, self.waited_s - waited_before, time.perf_counter() - started
-        )
-        if warning and not self._told_input_bound:
-            self._told_input_bound = True
-            log.warning("%s", warning)
 
     def before_validate(self) -> None:
         self._wrap()
@@ -215,8 +184,3 @@ class PrefetchCallback(Callback):
             prefetcher = DevicePrefetcher(dl, self.place, self.depth)
             self.learn.dl = prefetcher
             self.prefetchers.append(prefetcher)
-
-    @property
-    def waited_s(self) -> float:
-        """Seconds the training thread waited for input, over every pass so far."""
-        return sum(prefetcher.waited_s for prefetcher in self.prefetchers)

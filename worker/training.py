@@ -50,6 +50,7 @@ from worker.checkpoint_upload import CheckpointUploader, newest_checkpoint, remo
 from worker.data import build_dataloaders, load_items
 from worker.device_values import DeviceValuesCallback
 from worker.failpoints import EXPORT_TMP_WRITTEN, any_armed, failpoint
+from worker.input_wait import InputWaitCallback
 from worker.outputs import publish
 from worker.prefetch import PrefetchCallback
 from worker.reporter import TelemetryWriter
@@ -354,6 +355,7 @@ def run(ctx: TrainingContext) -> Path:
     learn.add_cbs(
         [
             TelemetryCallback(ctx.writer, clock, device_label),
+            InputWaitCallback(ctx.writer, clock),
             StopCallback(ctx.stop, ctx.parent_pid),
             SkippedFilesCallback(skipped),
         ]

@@ -252,6 +252,7 @@ def xla_table(epochs: list[xla.XlaEpoch]) -> pd.DataFrame:
 def diagnostics_tab(engine: Engine, job: Job, live: LiveJob) -> None:
     device = plain(job.device) if job.device else "not known yet (the worker reports it at start)"
     st.markdown(f"**Device:** {device}")
+    diagnostics_view.input_wait_part(live)
     memory = live.get("epoch/cuda_max_memory_mb")
     if len(memory):
         st.metric("CUDA peak memory (latest epoch)", f"{memory.high[-1]:,.0f} MB")

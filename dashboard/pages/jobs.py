@@ -51,6 +51,7 @@ def table(rows: list[JobRow]) -> pd.DataFrame:
             "train loss": [row.train_loss for row in rows],
             "valid loss": [row.valid_loss for row in rows],
             "accuracy": [row.accuracy for row in rows],
+            "waits for data": [row.input_wait for row in rows],
             "dataset": [row.spec.get("dataset", "") for row in rows],
             "arch": [row.spec.get("arch", "") for row in rows],
             "device": [row.device or "" for row in rows],
@@ -69,6 +70,11 @@ COLUMNS = {
     "train loss": st.column_config.NumberColumn(format="%.4f"),
     "valid loss": st.column_config.NumberColumn(format="%.4f"),
     "accuracy": st.column_config.NumberColumn(format="percent"),
+    "waits for data": st.column_config.NumberColumn(
+        format="percent",
+        help="The share of each training step spent waiting for the next batch (latest "
+        "epoch); past half, the job is input-bound.",
+    ),
 }
 
 

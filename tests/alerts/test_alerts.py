@@ -23,7 +23,7 @@ from db.inputs import FieldError
 from db.models import ALERT_EVENTS, AlertOutbox, Job, utcnow
 from db.telemetry import add_events, events_since
 from tests.support.receiver import Receiver
-from worker.prefetch import input_bound_warning
+from worker.input_wait import input_bound_warning
 from worker.xla_report import compile_growth_warning
 
 ROOT = Path(__file__).resolve().parents[2]

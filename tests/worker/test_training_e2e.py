@@ -64,6 +64,9 @@ def test_digits_job_trains_on_cpu_and_its_export_predicts_in_a_fresh_process(
     assert [step for step, _ in metric_series(sqlite_engine, job_id, "epoch/valid_loss")] == [
         0, 1, 2,
     ]  # fmt: skip
+    waits = metric_series(sqlite_engine, job_id, telemetry.INPUT_WAIT_SHARE)
+    assert [step for step, _ in waits] == [0, 1, 2]
+    assert all(0 <= share <= 1 for _, share in waits), waits
     assert count_metric_duplicates(sqlite_engine, job_id) == 0
     messages = [event.message for event in telemetry.events_since(sqlite_engine, job_id)]
     assert any(message.startswith("epoch 3/3") for message in messages)

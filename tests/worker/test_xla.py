@@ -33,6 +33,10 @@ def test_xla_job_learns_reports_every_epoch_and_stops_compiling(sqlite_engine, s
     # way round, the optimizer updates stale CPU copies and accuracy stays at chance, 10%.)
     accuracy = telemetry.final_metrics(sqlite_engine, [job_id])[job_id]["accuracy"]
     assert accuracy >= 0.5, accuracy
+    # The prefetch thread's queue wait, as a share of each epoch's training pass.
+    waits = telemetry.metric_series(sqlite_engine, job_id, telemetry.INPUT_WAIT_SHARE)
+    assert [step for step, _ in waits] == [0, 1, 2]
+    assert all(0 <= share <= 1 for _, share in waits), waits
 
     reports = telemetry.xla_reports(sqlite_engine, job_id)
     assert [report.epoch for report in reports] == [0, 1, 2]
