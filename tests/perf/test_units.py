@@ -155,6 +155,7 @@ class _SeenDataLoaders(Callback):
         self.seen.append(type(self.learn.dl).__name__)
 
 
+@pytest.mark.slow  # trains a model
 def test_the_callback_runs_a_learners_training_and_validation_through_the_prefetcher(
     data_dir, tmp_path
 ):
@@ -221,6 +222,7 @@ def test_partitionable_batch_norm_computes_what_batch_norm_computes(shape):
     torch.testing.assert_close(spmd.partitionable_batch_norm(twin, inputs), layer(inputs))
 
 
+@pytest.mark.slow  # trains a model
 def test_the_batch_norm_callback_leaves_plain_layers_behind_for_the_export(data_dir, tmp_path):
     dls = _dls(data_dir)
     learn = build_learner(dls, JobSpec(bs=16, img_size=8, device="cpu"), CPU, tmp_path)
