@@ -1,5 +1,5 @@
-"""Parts of the job page about what the machine did: whether the input pipeline keeps up
-(Diagnostics tab) and the TensorBoard download (Artifacts tab).
+"""Parts of the job page about what the machine did: whether the input pipeline keeps up and
+profile captures (Diagnostics tab), and the TensorBoard download (Artifacts tab).
 
 Each part is a function of (engine, job) that `dashboard/pages/job.py` calls in its tab, so the
 page itself changes little when one is added.
@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard.downloads import link_for_made
+from common import store
+from dashboard.downloads import link_for, link_for_made
+from dashboard.format import plain
 from dashboard.live import LiveJob
+from db.artifacts import get_artifact
 from db.engine import Engine
 from db.models import Job
+from db.profiles import MAX_PROFILE_STEPS, captures, request_profile
+from db.queue import JobNotFound, JobStateError
 from db.telemetry import INPUT_BOUND_SHARE, INPUT_WAIT_SHARE
 from db.tensorboard import run_name, zip_tensorboard
 
@@ -59,3 +64,70 @@ def tensorboard_part(engine: Engine, job: Job) -> None:
             f"{run_name(job.id)}. Made from the points stored when you click; "
             f"`traindeck export tensorboard {job.id} --dir FOLDER` writes the same."
         )
+
+
+PROFILE_STEPS_DEFAULT = 10
+PROFILE_HOW_TO_OPEN = (
+    "Unzip the download. A trace from an XLA job (torch_xla's profiler) is in TensorBoard's "
+    "profile layout: `pip install tensorboard-plugin-profile`, then `tensorboard --logdir "
+    "FOLDER` and open the Profile tab; its `*.trace.json.gz` also opens in Perfetto "
+    "(ui.perfetto.dev). A trace from another device (torch.profiler) is `*.pt.trace.json`: "
+    "open it in Perfetto."
+)
+
+
+def _profile_message_key(job_id: int) -> str:
+    return f"job.profile_message.{job_id}"
+
+
+def _ask_for_profile(engine: Engine, job_id: int, steps_key: str) -> None:
+    steps = int(st.session_state.get(steps_key) or PROFILE_STEPS_DEFAULT)
+    try:
+        capture = request_profile(engine, job_id, steps)
+    except (JobNotFound, JobStateError) as exc:
+        message = ("error", f"No capture: {exc}.")
+    else:
+        message = (
+            "info",
+            f"Capture #{capture} asked for: the job records its next {steps} training steps "
+            "from its next look at the database (within a few seconds).",
+        )
+    st.session_state[_profile_message_key(job_id)] = message
+
+
+def profile_part(engine: Engine, job: Job) -> None:
+    """The profile capture action (a running job), the job's captures and the trace's link."""
+    st.markdown("**Profile**")
+    steps_key = f"job.profile_steps.{job.id}"
+    steps_column, button_column = st.columns([1, 3], vertical_alignment="bottom")
+    steps_column.number_input(
+        "Steps", 1, MAX_PROFILE_STEPS, PROFILE_STEPS_DEFAULT, key=steps_key,
+        help="Training steps to record with the profiler.",
+    )  # fmt: skip
+    steps = int(st.session_state.get(steps_key) or PROFILE_STEPS_DEFAULT)
+    button_column.button(
+        f"Capture a profile of the next {steps} steps",
+        key=f"job.profile.{job.id}",
+        icon=":material/timer:",
+        disabled=job.status != "running",
+        help="Only a running job can be profiled.",
+        on_click=_ask_for_profile,
+        args=(engine, job.id, steps_key),
+    )
+    message = st.session_state.get(_profile_message_key(job.id))
+    if message:
+        getattr(st, message[0])(plain(message[1]))
+    for capture in captures(engine, job.id, limit=5):
+        words = f"#{capture.id} · {capture.steps} steps · {capture.status}"
+        if capture.message:
+            words += f" · {capture.message}"
+        st.caption(plain(words))
+    artifact = get_artifact(engine, job.id, "profile")
+    if artifact is not None:
+        name = store.display_name(artifact.path)
+        st.link_button(
+            f"Download the latest profile ({name})",
+            link_for(artifact.path, f"job{job.id}-{name}", artifact.sha256),
+            icon=":material/download:",
+        )
+        st.caption(PROFILE_HOW_TO_OPEN)

@@ -169,6 +169,30 @@ class Artifact(Base):
     __table_args__ = (UniqueConstraint("job_id", "kind", name="uq_artifacts_job_kind"),)
 
 
+# A profile capture's life: asked for (`requested`), taken by the job's process (`recording`),
+# then its trace in the store as the job's `profile` artifact (`stored`) or not (`failed`).
+PROFILE_STATUSES = ("requested", "recording", "stored", "failed")
+
+
+class ProfileCapture(Base):
+    """A request to record the next `steps` training steps of a running job with a profiler,
+    and what became of it (`db.profiles`)."""
+
+    __tablename__ = "profile_captures"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    steps: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default="requested")
+    requested_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+    # The global training steps recorded (0-based, as `batch/` metrics count them).
+    first_step: Mapped[int | None] = mapped_column(Integer)
+    last_step: Mapped[int | None] = mapped_column(Integer)
+    tool: Mapped[str] = mapped_column(String(32), default="", server_default="")
+    message: Mapped[str] = mapped_column(Text, default="", server_default="")
+
+
 class Worker(Base):
     __tablename__ = "workers"
 

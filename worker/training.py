@@ -53,6 +53,7 @@ from worker.failpoints import EXPORT_TMP_WRITTEN, any_armed, failpoint
 from worker.input_wait import InputWaitCallback
 from worker.outputs import publish
 from worker.prefetch import PrefetchCallback
+from worker.profiling import ProfileCallback
 from worker.reporter import TelemetryWriter
 from worker.results import record_results
 from worker.skipped import RECORD_NAME as SKIP_RECORD_NAME
@@ -419,9 +420,16 @@ def run(ctx: TrainingContext) -> Path:
 
     epoch_end = EpochEndCallback(clock, on_epoch_end)
     divergence = DivergenceCallback(clock)
-    learn.add_cbs([epoch_end, divergence, best])
+    profiler = ProfileCallback(
+        ctx.engine, ctx.lease.job_id, clock, device, ctx.job_dir,
+        lambda kind, path: publish(ctx, kind, path),
+    )  # fmt: skip
+    learn.add_cbs([epoch_end, divergence, best, profiler])
     try:
-        _fit_phases(learn, spec, lr, resume_from, clock, epoch_end, divergence, ended, ctx.stop)
+        try:
+            _fit_phases(learn, spec, lr, resume_from, clock, epoch_end, divergence, ended, ctx.stop)
+        finally:
+            profiler.close()
         checkpoints.wait()  # the last epoch's checkpoint is on disk, or its failure is raised
         if ctx.pruned_at is not None:
             raise prune(ctx, learn)

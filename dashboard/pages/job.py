@@ -253,6 +253,7 @@ def diagnostics_tab(engine: Engine, job: Job, live: LiveJob) -> None:
     device = plain(job.device) if job.device else "not known yet (the worker reports it at start)"
     st.markdown(f"**Device:** {device}")
     diagnostics_view.input_wait_part(live)
+    diagnostics_view.profile_part(engine, job)
     memory = live.get("epoch/cuda_max_memory_mb")
     if len(memory):
         st.metric("CUDA peak memory (latest epoch)", f"{memory.high[-1]:,.0f} MB")
