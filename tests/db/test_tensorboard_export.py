@@ -4,6 +4,11 @@ come back through TensorBoard's own reader; mistakes are one line and leave noth
 from __future__ import annotations
 
 import io
+import json
+import socket
+import subprocess
+import sys
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -17,7 +22,7 @@ from db import queue
 from db.telemetry import MetricPoint, metrics_since, write_metrics
 from db.tensorboard import zip_tensorboard
 from tests.support import seed
-from tests.support.workers import run_python
+from tests.support.workers import run_python, wait_for
 from traindeck.cli import main
 
 
@@ -137,3 +142,51 @@ def test_the_export_loads_neither_torch_nor_tensorflow():
         "print(sorted(m for m in ('torch', 'tensorflow', 'fastai') if m in sys.modules))"
     )
     assert loaded.strip() == "[]"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_tensorboard_itself_serves_the_exported_runs(engine, database_url, tmp_path):
+    """`tensorboard --logdir DIR` (its own server, as a person runs it) lists the runs, their
+    scalars, the XLA compiles and the spec as hyper-parameters."""
+    running, other = _two_jobs(engine)
+    logs = tmp_path / "logs"
+    db.tensorboard.export_tensorboard(engine, [running, other], logs)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [str(Path(sys.executable).with_name("tensorboard")), "--logdir", str(logs),
+         "--host", "127.0.0.1", "--port", str(port), "--load_fast=false"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}/data"
+    try:
+
+        def runs() -> list[str] | None:
+            try:
+                with urllib.request.urlopen(f"{base}/runs", timeout=5) as response:
+                    return json.load(response) or None
+            except OSError:
+                return None
+
+        assert sorted(wait_for(runs, 120, "TensorBoard's runs")) == sorted(
+            [f"job-{running}", f"job-{other}"]
+        )
+        with urllib.request.urlopen(f"{base}/plugin/scalars/tags", timeout=30) as response:
+            tags = json.load(response)
+        assert "xla/compiles" in tags[f"job-{running}"]
+        assert "epoch/accuracy" in tags[f"job-{other}"]
+        query = f"{base}/plugin/scalars/scalars?run=job-{running}&tag=xla%2Fcompiles"
+        with urllib.request.urlopen(query, timeout=30) as response:
+            assert [(step, value) for _, step, value in json.load(response)] == [(0, 12), (1, 7)]
+        request = urllib.request.Request(
+            f"{base}/plugin/hparams/experiment", data=b'{"experimentName": ""}',
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=30) as response:
+            hparams = {info["name"] for info in json.load(response)["hparamInfos"]}
+        assert {"lr", "arch", "device", "epochs"} <= hparams
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
