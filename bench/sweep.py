@@ -10,7 +10,8 @@ same seed in both arms (so both draw the same trials in the same order), one tri
 objective accuracy. Its cost is the CPU time of the worker and every training process it
 started (getrusage of the waited-for children). Target: pruned/unpruned CPU time ≤ 0.6, and
 both arms' best accuracy within 0.01 of each other. Prints the figures and the ratio; never
-fails on timing.
+fails on timing. A trial that fails (not succeeded, not pruned) voids the ratio: it is printed
+with its error instead.
 """
 
 from __future__ import annotations
@@ -52,8 +53,13 @@ def _definition(args: argparse.Namespace, dataset: str, pruner: str) -> dict:
     }  # fmt: skip
 
 
-def run_arm(args: argparse.Namespace, pruner: str) -> tuple[float, float | None, int]:
-    """One sweep to its end: (CPU seconds, best accuracy, trials pruned)."""
+def _last_line(text: str | None) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[-1] if lines else "no error text"
+
+
+def run_arm(args: argparse.Namespace, pruner: str) -> tuple[float, float | None, int, list[str]]:
+    """One sweep to its end: (CPU seconds, best accuracy, trials pruned, why trials failed)."""
     folder = Path(tempfile.mkdtemp(prefix=f"traindeck-bench-sweep-{pruner}-"))
     env = {
         **os.environ,
@@ -64,7 +70,7 @@ def run_arm(args: argparse.Namespace, pruner: str) -> tuple[float, float | None,
     os.environ.update({key: env[key] for key in ("TRAINDECK_DATA", "DATABASE_URL")})
     from datasets.builtin import register_builtin_datasets
     from datasets.register import register_folder
-    from db import sweeps
+    from db import queue, sweeps
     from db.engine import dispose_engines, get_engine
     from db.migrate import upgrade
     from tests.support.workers import digits_subset
@@ -90,7 +96,12 @@ def run_arm(args: argparse.Namespace, pruner: str) -> tuple[float, float | None,
     summary = sweeps.summary(engine, sweep_id)
     best = summary.best
     pruned = sum(row.status == "pruned" for row in summary.trials)
-    return cpu_s, best.objective if best is not None else None, pruned
+    failed = [
+        f"trial {row.number} {row.status}: {_last_line(queue.get_job(engine, row.job_id).error)}"
+        for row in summary.trials
+        if row.status not in ("succeeded", "pruned")
+    ]
+    return cpu_s, best.objective if best is not None else None, pruned, failed
 
 
 def main() -> None:
@@ -103,17 +114,25 @@ def main() -> None:
     args = parser.parse_args()
     cpu: dict[str, list[float]] = {arm: [] for arm in ARMS}
     best: dict[str, list[float | None]] = {arm: [] for arm in ARMS}
+    failures = []
     for round_number in range(args.rounds):
         for arm in ARMS if round_number % 2 == 0 else ARMS[::-1]:
-            seconds, top, pruned = run_arm(args, arm)
+            seconds, top, pruned, failed = run_arm(args, arm)
+            failures += [f"round {round_number + 1} {arm}: {line}" for line in failed]
             cpu[arm].append(seconds)
             best[arm].append(top)
             shown = "-" if top is None else f"{top:.4f}"
             print(
                 f"round {round_number + 1} {arm:>5}: {seconds:7.1f} CPU s, best accuracy "
-                f"{shown}, {pruned} of {args.trials} trials pruned",
+                f"{shown}, {pruned} of {args.trials} trials pruned, {len(failed)} failed",
                 flush=True,
             )
+    if failures:
+        # A failed trial costs next to nothing: a ratio over it would be no measurement.
+        print("no ratio: trials failed, so the arms did not do the same work")
+        for line in failures:
+            print(f"  {line}")
+        return
     ratio = statistics.median(cpu["asha"]) / statistics.median(cpu["none"])
     print(f"CPU time pruned/unpruned: {ratio:.2f} (target ≤ 0.6)")
     tops = [top for arm in ARMS for top in best[arm] if top is not None]
