@@ -206,8 +206,8 @@ def parse_sweep(
         problem := _batch_problem(base, training_images)
     ):
         problems.add("base.bs", problem)
-    if pruner != "none" and options.get("min_epochs", 1) > base.epochs:
-        problems.add("pruner.min_epochs", f"must be at most the base's epochs ({base.epochs})")
+    if (problem := _pruner_problem(pruner, options, base.epochs)) is not None:
+        problems.add(*problem)
     problems.raise_any()
     return SweepSpec(
         name=name.strip(),
@@ -224,6 +224,27 @@ def parse_sweep(
         first_trials=first_trials,
         labels=labels,
     )
+
+
+def _pruner_problem(pruner: str, options: dict[str, int], epochs: int) -> tuple[str, str] | None:
+    """A pruner that could never stop a trial: it is not asked after a trial's last epoch
+    (db.sweeps.report_epoch), so it must be able to judge one before."""
+    if pruner == "none":
+        return None
+    if epochs < 2:
+        return (
+            "pruner",
+            "a pruner stops trials before their last epoch: base epochs must be 2 or more",
+        )
+    if pruner == "median" and options["warmup_epochs"] >= epochs:
+        return "pruner.warmup_epochs", f"must be below the base's epochs ({epochs})"
+    if pruner in ("asha", "hyperband") and options["min_epochs"] >= epochs:
+        return (
+            "pruner.min_epochs",
+            f"must be below the base's epochs ({epochs}): the pruner is not asked after a "
+            "trial's last epoch",
+        )
+    return None
 
 
 def _labels(data: dict[str, Any], problems: _Problems) -> Labels:

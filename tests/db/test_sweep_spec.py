@@ -117,7 +117,22 @@ def test_a_grid_of_listed_values_runs_each_point_once():
         (
             _with(pruner={"type": "hyperband", "min_epochs": 3}),
             "pruner.min_epochs",
-            "at most the base's epochs (2)",
+            "must be below the base's epochs (2)",
+        ),
+        (
+            _with(pruner={"type": "asha", "min_epochs": 2}),
+            "pruner.min_epochs",
+            "the pruner is not asked after a trial's last epoch",
+        ),
+        (
+            _with(pruner={"type": "median", "warmup_epochs": 2}),
+            "pruner.warmup_epochs",
+            "must be below the base's epochs (2)",
+        ),
+        (
+            _with(base={"dataset": "digits", "epochs": 1, "device": "cpu"}, pruner="asha"),
+            "pruner",
+            "base epochs must be 2 or more",
         ),
         (_with(base={"epochs": 0}), "base.epochs", "must be at least 1"),
         (_with(base={"dataset": "pets"}), "base.dataset", "unknown dataset 'pets'"),
