@@ -62,9 +62,11 @@ def instrument_like_worker(
     after_write: Any = None,
 ) -> Any:
     """Add what `worker.training.run` adds to a Learner: per-batch loss and lr, per-epoch
-    metrics, progress, the background writer flushing to the database, the stop check, a
-    checkpoint every epoch written in the background (unless `checkpoints` is off), and on XLA
-    the metrics report; and what the job process adds around it, the system-metrics sampler
+    metrics, progress, the background writer flushing to the database, the stop check, the
+    wait for input (`worker.input_wait`), the profile requests' look-ups (`worker.profiling`:
+    at every epoch's start and from a thread every 2 s; none is asked for here), a checkpoint
+    every epoch written in the background (unless `checkpoints` is off), and on XLA the metrics
+    report; and what the job process adds around it, the system-metrics sampler
     (every TRAINDECK_SYSTEM_METRICS_INTERVAL seconds, from the fit's start to its end). The
     fit ends when the last checkpoint is on disk, as the worker waits for it before the
     export; `after_write(path, epoch)` hears of each checkpoint written (the worker's uploader
@@ -80,6 +82,8 @@ def instrument_like_worker(
         XlaReportCallback,
     )
     from worker.checkpoint import CheckpointWriter
+    from worker.input_wait import InputWaitCallback
+    from worker.profiling import ProfileCallback
     from worker.reporter import TelemetryWriter
     from worker.system_metrics import start_for_job
 
@@ -114,11 +118,22 @@ def instrument_like_worker(
             if self.sampler is not None:
                 self.sampler.stop()
 
+    profiler = ProfileCallback(engine, job_id, clock, learn.dls.device, job_dir, _no_publish)
+
+    class EndProfileRequests(Callback):
+        """What `worker.training.run` does once the fit is over: the look-ups stop."""
+
+        def after_fit(self) -> None:
+            profiler.close()
+
     learn.add_cbs(
         [
             TelemetryCallback(writer, clock, label),
+            InputWaitCallback(writer, clock),
             StopCallback(threading.Event(), os.getppid()),
             SystemSampling(),
+            profiler,
+            EndProfileRequests(),
         ]
     )
     if checkpoints:
@@ -126,6 +141,10 @@ def instrument_like_worker(
     if xla:
         learn.add_cb(XlaReportCallback(writer, clock))
     return writer
+
+
+def _no_publish(kind: str, path: Path) -> None:
+    raise AssertionError(f"the benchmark asks for no profile, yet a {kind} was made: {path}")
 
 
 def check_fit_finished(learn: Any, epochs: int) -> None:
