@@ -16,7 +16,7 @@ from dashboard.live import LiveJob
 from db.artifacts import get_artifact
 from db.engine import Engine
 from db.models import Job
-from db.profiles import MAX_PROFILE_STEPS, captures, request_profile
+from db.profiles import MAX_PROFILE_STEPS, OPEN, captures, request_profile
 from db.queue import JobNotFound, JobStateError
 from db.telemetry import INPUT_BOUND_SHARE, INPUT_WAIT_SHARE
 from db.tensorboard import run_name, zip_tensorboard
@@ -121,6 +121,8 @@ def profile_part(engine: Engine, job: Job) -> None:
         words = f"#{capture.id} · {capture.steps} steps · {capture.status}"
         if capture.message:
             words += f" · {capture.message}"
+        elif capture.status in OPEN and job.status != "running":
+            words += f" · not recorded: the job is {job.status}"
         st.caption(plain(words))
     artifact = get_artifact(engine, job.id, "profile")
     if artifact is not None:

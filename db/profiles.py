@@ -134,6 +134,22 @@ def fail_open_captures(engine: Engine, job_id: int, message: str) -> int:
         ).rowcount
 
 
+def fail_orphaned_recordings(engine: Engine, job_id: int) -> int:
+    """End as failed the job's captures marked recording by a process of it that is gone (a
+    killed or preempted attempt): a job has one process at a time, so a new one calls this
+    before it takes any request."""
+    with write_tx(engine) as connection:
+        return connection.execute(
+            update(ProfileCapture)
+            .where(ProfileCapture.job_id == job_id, ProfileCapture.status == "recording")
+            .values(
+                status="failed",
+                message="not stored: the job's process that was recording it ended",
+                finished_at=utcnow(),
+            )
+        ).rowcount
+
+
 def captures(engine: Engine, job_id: int, limit: int = 20) -> list[Capture]:
     """The job's newest captures, newest first."""
     with read_tx(engine) as connection:

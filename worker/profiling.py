@@ -31,7 +31,13 @@ from typing import Any
 import torch
 
 from db.engine import Engine
-from db.profiles import Capture, fail_open_captures, finish_capture, take_request
+from db.profiles import (
+    Capture,
+    fail_open_captures,
+    fail_orphaned_recordings,
+    finish_capture,
+    take_request,
+)
 from worker.callbacks import TrainedEpochCallback, TrainingClock
 
 log = logging.getLogger("worker.training")
@@ -151,6 +157,10 @@ class ProfileCallback(TrainedEpochCallback):
         super().before_fit()
         if not self.active or self._poller is not None:
             return  # lr_find's fit records nothing; fine_tune's second phase polls on
+        try:  # a capture an earlier attempt's process was recording will never be stored
+            fail_orphaned_recordings(self.engine, self.job_id)
+        except Exception as exc:
+            log.warning("profile captures: cannot close an earlier attempt's: %s", exc)
         self._poller = threading.Thread(target=self._poll, name="profile-requests", daemon=True)
         self._poller.start()
 

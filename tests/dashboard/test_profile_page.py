@@ -3,7 +3,8 @@ and how to open it."""
 
 from __future__ import annotations
 
-from db.profiles import captures, finish_capture, take_request
+from db import queue
+from db.profiles import captures, finish_capture, request_profile, take_request
 from tests.dashboard.test_pages import (  # noqa: F401
     _fresh_engine_cache,
     button,
@@ -57,3 +58,13 @@ def test_a_finished_job_cannot_be_profiled(sqlite_engine):
     done_id, _ = seed.finished_job(sqlite_engine)
     at = show_tab(open_page("pages/job.py", job=done_id), "Diagnostics")
     assert button(at, "Capture a profile of the next 10 steps").disabled
+
+
+def test_a_request_the_job_never_took_says_so_once_the_job_is_over(sqlite_engine):
+    live = seed.running_job(sqlite_engine)
+    capture = request_profile(sqlite_engine, live.id, 7)
+    queue.cancel(sqlite_engine, live.id)
+    assert queue.finish(sqlite_engine, live.lease, "cancelled")  # its process was killed
+    at = show_tab(open_page("pages/job.py", job=live.id), "Diagnostics")
+    captions = [shown(c.value) for c in at.caption]
+    assert f"#{capture} · 7 steps · requested · not recorded: the job is cancelled" in captions

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from db import queue
-from db.profiles import captures, fail_open_captures, take_request
+from db.profiles import captures, fail_open_captures, fail_orphaned_recordings, take_request
 from traindeck.cli import main
 
 
@@ -46,3 +46,16 @@ def test_a_request_is_taken_once_and_closed_when_the_job_ends(engine):
     assert fail_open_captures(engine, job_id, "not recorded: the job ended first") == 1
     [capture] = captures(engine, job_id)
     assert (capture.status, capture.message) == ("failed", "not recorded: the job ended first")
+
+
+def test_a_recording_left_by_a_gone_process_is_closed_and_a_new_request_accepted(engine):
+    queue.submit(engine, {"name": "preempted"})
+    job_id = queue.claim(engine, "w1").id
+    assert main(["profile", str(job_id), "--steps", "3"]) == 0
+    assert take_request(engine, job_id) is not None  # the process then died while recording
+    assert main(["profile", str(job_id), "--steps", "3"]) == 2  # still open: refused
+    assert fail_orphaned_recordings(engine, job_id) == 1  # the next attempt's process
+    assert captures(engine, job_id)[0].message == (
+        "not stored: the job's process that was recording it ended"
+    )
+    assert main(["profile", str(job_id), "--steps", "3"]) == 0
