@@ -2,7 +2,7 @@
 local store, and a download through the dashboard's route against reading the object directly.
 
     .venv/bin/python -m bench.store [--rounds 3] [--epochs 2] [--img-size 16] [--mb 100]
-        [--parts fit,download]
+        [--parts fit,download] [--emulator-nice 0]
 
 The bucket is the Cloud Storage emulator (fake-gcs-server, tests/support/gcs.py) on loopback,
 reached through gcsfs as a real bucket is. One interleaved run: every round runs each arm once,
@@ -12,7 +12,10 @@ so that the machine's noise hits them alike.
             worker's uploader (worker/checkpoint_upload.py), which puts it in the store off the
             training thread; the fit's wall time with TRAINDECK_STORE unset (a folder) and with
             the bucket. Target: local/bucket ≥ 0.97 (the upload does not slow training). The
-            time the last upload took after the fit ended is printed beside it.
+            time the last upload took after the fit ended is printed beside it, and the CPU
+            seconds spent during a fit by the uploader's thread, gcsfs's I/O thread and the
+            emulator. The emulator shares this machine's cores with the training, which a
+            bucket does not: --emulator-nice runs it at a lower priority (said in the output).
   download  an object of --mb megabytes in the bucket, read through the dashboard's download
             route (dashboard.downloads.routes() served by uvicorn on 127.0.0.1 in a process of
             its own, as the dashboard is, and read over HTTP in 1 MB reads by this process, as
@@ -34,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -141,6 +145,12 @@ def main() -> None:
     parser.add_argument("--bs", type=int, default=64)
     parser.add_argument("--mb", type=int, default=100, help="size of the downloaded object")
     parser.add_argument("--parts", default="fit,download", help="which comparisons to run")
+    parser.add_argument(
+        "--emulator-nice",
+        type=int,
+        default=0,
+        help="run the bucket's emulator at this niceness (a real bucket's CPU is elsewhere)",
+    )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
 
@@ -159,11 +169,31 @@ def main() -> None:
           f"epochs; an object of {args.mb} MB; {args.rounds} rounds per arm, on {setup.label}; "
           f"the bucket is fake-gcs-server on loopback; the download route is served by a "
           f"process of its own (before 2026-12-04: a thread of the reader's)")  # fmt: skip
+    if args.emulator_nice:
+        print(f"the emulator runs at nice {args.emulator_nice}: it yields the CPU to the fit, "
+              f"as a bucket elsewhere takes none of this machine's")  # fmt: skip
 
     runs = iter(range(1, 1_000_000))
 
+    uploader_threads = ("checkpoint-upload", "fsspecIO")  # the uploader's, and gcsfs's I/O
+    emulator_process = psutil.Process(emulator.process.pid)
+    if args.emulator_nice:
+        emulator_process.nice(args.emulator_nice)
+    spent_in_fits: dict[bool, dict[str, list[float]]] = {False: {}, True: {}}
+
+    def thread_cpu() -> dict[str, float]:
+        """CPU seconds so far of this process's threads named in `uploader_threads`."""
+        named = {thread.native_id: thread.name for thread in threading.enumerate()}
+        found = dict.fromkeys(uploader_threads, 0.0)
+        for thread in psutil.Process().threads():
+            name = named.get(thread.id)
+            if name in found:
+                found[name] += thread.user_time + thread.system_time
+        return found
+
     def fit(bucket: bool) -> tuple[float, float]:
-        """(seconds the fit took, seconds its last upload took after the fit)."""
+        """(seconds the fit took, seconds its last upload took after the fit); the CPU the
+        uploader's threads and the emulator spent during the fit, into `spent_in_fits`."""
         from fastai.torch_core import set_seed
 
         _use_store(bucket)
@@ -177,9 +207,15 @@ def main() -> None:
         writer = instrument_like_worker(
             learn, engine, spec, folder, setup.label, args.epochs, False, after_write=uploads.submit
         )
+        threads_before, emulator_before = thread_cpu(), _cpu_seconds(emulator_process)
         started = time.perf_counter()
         learn.fit_one_cycle(args.epochs, 1e-2)
         fitted = time.perf_counter()
+        threads_after, emulator_after = thread_cpu(), _cpu_seconds(emulator_process)
+        spent = spent_in_fits[bucket]
+        for name in uploader_threads:
+            spent.setdefault(name, []).append(threads_after[name] - threads_before[name])
+        spent.setdefault("emulator", []).append(emulator_after - emulator_before)
         uploads.wait()
         tail = time.perf_counter() - fitted
         uploads.close()
@@ -253,6 +289,13 @@ def main() -> None:
             f"fit, bucket store  {bucket:7.2f} s  (+{tail:.2f} s until its last checkpoint was up)"
         )
         print(f"ratio local/bucket {local / bucket:.3f} (target ≥ 0.97)")
+        for in_bucket in (False, True):
+            figures = ", ".join(
+                f"{name} {statistics.median(values):.2f} s"
+                for name, values in spent_in_fits[in_bucket].items()
+            )
+            arm = "bucket" if in_bucket else "local"
+            print(f"CPU during a fit, {arm} store: {figures}")
     if "download" not in parts:
         return
     direct = statistics.median(reads[False])
