@@ -108,6 +108,7 @@ def test_each_event_is_queued_once_with_the_change_that_caused_it(engine):
     ]  # fmt: skip
 
 
+@pytest.mark.slow  # starts several real processes, one after another
 def test_an_alert_is_sent_once_per_event_by_three_workers_and_two_dashboards(engine, receiver):
     save_destination(engine, "hook", receiver.url, ["succeeded"])
     jobs = [finished(engine, name=f"job {i}") for i in range(24)]

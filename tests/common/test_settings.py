@@ -274,6 +274,7 @@ def test_a_command_with_a_bad_setting_ends_with_one_line_and_exit_2(tmp_path, co
     assert not any(tmp_path.iterdir()), "nothing was created"
 
 
+@pytest.mark.slow  # starts several real processes, one after another
 def test_a_command_never_echoes_the_password_of_a_bad_database_url(tmp_path):
     url = f"postgresql://ada:{PASSWORD}@db:notaport/traindeck"  # the port is not a number
     for bad in (url, url.replace("postgresql", "mysql")):

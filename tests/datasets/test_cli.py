@@ -145,6 +145,7 @@ def test_a_hostile_zip_from_a_terminal_gives_no_traceback(
     assert not list((data_dir / "datasets" / "uploads").iterdir())
 
 
+@pytest.mark.slow  # starts several real processes, one after another
 def test_a_name_in_any_script_names_the_dataset_its_folder_and_jobs_in_nfc(
     sqlite_engine: Engine, data_dir: Path, tmp_path: Path
 ) -> None:

@@ -141,6 +141,7 @@ def test_a_bad_spec_file_names_the_mistake(engine, capsys, tmp_path):
     assert code == 2 and "JSON object" in err
 
 
+@pytest.mark.slow  # starts several real processes, one after another
 def test_real_entry_point_and_a_missing_schema(data_dir, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "TRAINDECK_DATA": str(data_dir),
            "DATABASE_URL": f"sqlite:///{tmp_path / 'empty.db'}"}  # fmt: skip

@@ -95,6 +95,7 @@ def _auth_cli(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # starts several real processes, one after another
 def test_the_hash_command_prints_a_hash_for_the_environment():
     made = _auth_cli("hash", stdin=PASSWORD + "\n")
     assert made.returncode == 0, made.stderr
@@ -107,6 +108,7 @@ def test_the_hash_command_prints_a_hash_for_the_environment():
     assert "Traceback" not in short.stderr
 
 
+@pytest.mark.slow  # starts several real processes, one after another
 def test_the_check_command_says_what_an_address_needs(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv(auth.PASSWORD_HASH_ENV, raising=False)
     local = _auth_cli("check", "--address", "127.0.0.1", stdin="")

@@ -242,6 +242,7 @@ def _python_m_db(*argv: str | bytes) -> subprocess.CompletedProcess[bytes]:
     )
 
 
+@pytest.mark.slow  # starts several real processes, one after another
 def test_a_real_cli_process_exits_2_with_one_line_and_no_traceback(
     sqlite_engine: Engine, tmp_path: Path
 ):
@@ -264,6 +265,7 @@ def test_a_real_cli_process_exits_2_with_one_line_and_no_traceback(
     assert _count(sqlite_engine, Dataset) == 0
 
 
+@pytest.mark.slow  # starts several real processes, one after another
 def test_an_unusable_data_folder_is_one_line_from_every_command(
     monkeypatch: pytest.MonkeyPatch,
 ):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dashboard.__main__ import environment_name, settings_flags
 from traindeck.run import PROCESSES
 
@@ -19,6 +21,7 @@ def _run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # starts several real processes, one after another
 def test_traindeck_and_python_m_db_submit_the_same_job(tmp_path):
     env = {"TRAINDECK_DATA": str(tmp_path), "PATH": "/usr/bin:/bin"}
     assert _run([str(TRAINDECK), "upgrade"], env).returncode == 0
@@ -36,6 +39,7 @@ def test_traindeck_and_python_m_db_submit_the_same_job(tmp_path):
     assert shown[0]["spec"]["epochs"] == 2
 
 
+@pytest.mark.slow  # starts several real processes, one after another
 def test_help_lists_every_command_and_names_the_program():
     result = _run([str(TRAINDECK), "--help"], {"PATH": "/usr/bin:/bin"})
     assert result.returncode == 0
