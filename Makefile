@@ -63,7 +63,7 @@ run: $(VENV)/.installed-run
 # with one, on a loaded machine). Exit status 5 is pytest's "no test selected", which a
 # PYTEST_ARGS naming only tests of the other tier gives.
 CHECK_PROCESSES ?= $(shell nproc)
-FAST_TIER = OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow" -q -n $(CHECK_PROCESSES) $(PYTEST_ARGS) \
+FAST_TIER = OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow" -q -n $(CHECK_PROCESSES) --dist worksteal $(PYTEST_ARGS) \
 	|| [ $$? -eq 5 ]
 
 ## test: install the dev tools, lint, run every test: the fast tier as `make check` runs it,
