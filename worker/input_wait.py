@@ -21,28 +21,14 @@ from typing import Any
 
 from db.telemetry import INPUT_BOUND_SHARE, INPUT_WAIT_SHARE, MetricPoint
 from worker.callbacks import TrainedEpochCallback, TrainingClock
+from worker.prefetch import WrappedLoader
 from worker.reporter import TelemetryWriter
 
 log = logging.getLogger("worker.training")
 
 
-class TimedLoader:
-    """Iterates a DataLoader, adding up in `waited_s` the time each next batch took to come.
-
-    Anything else is read from the wrapped DataLoader (`bs`, `device`, `n`, …), so fastai and
-    its callbacks see the DataLoader they expect."""
-
-    def __init__(self, dl: Any):
-        self.dl = dl
-        self.waited_s = 0.0
-
-    def __len__(self) -> int:
-        return len(self.dl)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "dl":  # not set yet (e.g. while unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.dl, name)
+class TimedLoader(WrappedLoader):
+    """Iterates a DataLoader, adding up in `waited_s` the time each next batch took to come."""
 
     def __iter__(self) -> Iterator[Any]:
         batches = iter(self.dl)

@@ -74,20 +74,17 @@ class _Failed:
         self.error = error
 
 
-class DevicePrefetcher:
-    """Iterates a fastai `TfmdDL`, loading and copying `depth` batches ahead in a thread.
+class WrappedLoader:
+    """A DataLoader seen through a wrapper that iterates it its own way.
 
     Anything else is read from the wrapped DataLoader (`bs`, `device`, `n`, …), so fastai and
     its callbacks see the DataLoader they expect. `waited_s` adds up the time the training
-    thread waited for a batch: near zero when loading keeps ahead of the device.
+    thread waited for a batch.
     """
 
-    def __init__(self, dl: TfmdDL, place: Callable[[Any], Any], depth: int = PREFETCH_DEPTH):
+    def __init__(self, dl: Any):
         self.dl = dl
-        self.place = place
-        self.depth = depth
         self.waited_s = 0.0
-        self.batches = 0
 
     def __len__(self) -> int:
         return len(self.dl)
@@ -96,6 +93,17 @@ class DevicePrefetcher:
         if name == "dl":  # not set yet (e.g. while unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.dl, name)
+
+
+class DevicePrefetcher(WrappedLoader):
+    """Iterates a fastai `TfmdDL`, loading and copying `depth` batches ahead in a thread;
+    `waited_s` stays near zero when loading keeps ahead of the device."""
+
+    def __init__(self, dl: TfmdDL, place: Callable[[Any], Any], depth: int = PREFETCH_DEPTH):
+        super().__init__(dl)
+        self.place = place
+        self.depth = depth
+        self.batches = 0
 
     def __iter__(self) -> Iterator[Any]:
         dl = self.dl
