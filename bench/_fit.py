@@ -60,12 +60,15 @@ def instrument_like_worker(
     xla: bool,
     checkpoints: bool = True,
     after_write: Any = None,
+    interval_policy: bool = True,
 ) -> Any:
     """Add what `worker.training.run` adds to a Learner: per-batch loss and lr, per-epoch
     metrics, progress, the background writer flushing to the database, the stop check, the
     wait for input (`worker.input_wait`), the profile requests' look-ups (`worker.profiling`:
-    at every epoch's start and from a thread every 2 s; none is asked for here), a checkpoint
-    every epoch written in the background (unless `checkpoints` is off), and on XLA the metrics
+    at every epoch's start and from a thread every 2 s; none is asked for here), the worker's
+    checkpoints (unless `checkpoints` is off): each epoch's state kept, written in the background
+    on XLA once the job's checkpoint interval has passed and after the last epoch, or after
+    every epoch when `interval_policy` is off; and on XLA the metrics
     report; and what the job process adds around it, the system-metrics sampler
     (every TRAINDECK_SYSTEM_METRICS_INTERVAL seconds, from the fit's start to its end). The
     fit ends when the last checkpoint is on disk, as the worker waits for it before the
@@ -86,6 +89,7 @@ def instrument_like_worker(
     from worker.profiling import ProfileCallback
     from worker.reporter import TelemetryWriter
     from worker.system_metrics import start_for_job
+    from worker.training import checkpoint_interval_s
 
     job_id = queue.enqueue(engine, spec)
     lease = queue.claim(engine, "bench").lease
@@ -94,11 +98,19 @@ def instrument_like_worker(
     job_dir = folder / f"job-{job_id}"
     job_dir.mkdir(parents=True)  # as the worker's job process does
 
-    # As the worker decides: in the background on an accelerator; then handed to the uploader.
-    checkpoint_writer = CheckpointWriter(job_dir, background=xla, after_write=after_write)
+    # As the worker decides: in the background on an accelerator, at most every
+    # checkpoint_interval_s (and at the last epoch); then handed to the uploader.
+    checkpoint_writer = CheckpointWriter(
+        job_dir,
+        background=xla,
+        after_write=after_write,
+        interval_s=checkpoint_interval_s(spec) if interval_policy else 0.0,
+    )
 
     def checkpoint(epoch: int) -> None:
-        checkpoint_writer.save(learn, epoch=epoch, lr=1e-2, spec=spec.model_dump(mode="json"))
+        last = epoch + 1 == epochs
+        spec_json = spec.model_dump(mode="json")
+        checkpoint_writer.save(learn, epoch=epoch, lr=1e-2, spec=spec_json, last=last)
 
     class LastCheckpointOnDisk(Callback):
         order = EpochEndCallback.order + 1

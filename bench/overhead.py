@@ -9,7 +9,9 @@ epochs; they alternate A, B, A, B… in one process so that the machine's noise 
      that any XLA training loop needs, and fastai's Recorder reads the loss and every metric
      to the host in every batch, as fastai does).
   B  traindeck: per-batch loss and lr, per-epoch metrics, progress, the background writer
-     flushing to a real SQLite database, the stop check, a checkpoint every epoch, and on
+     flushing to a real SQLite database, the stop check, the worker's checkpoint policy
+     (each epoch's state copied to the host, written every TRAINDECK_CHECKPOINT_INTERVAL
+     seconds and after the last epoch), and on
      XLA the metrics report every epoch, with the loss and metrics kept on the device and
      read every TRAINDECK_XLA_READ_EVERY (N) steps (`worker.device_values`), and the
      system-metrics sampler every TRAINDECK_SYSTEM_METRICS_INTERVAL seconds
@@ -18,7 +20,7 @@ Prints each arm's training throughput (images/s), the ratio B/A (target ≥ 0.98
 counted with torch_xla's metrics, the device→host transfers and graph executions of each per
 training step (inside the training passes; target: B ≤ 1/N, where A makes one a step), per
 validation pass (A: one per metric and batch; B: one), and per step over the whole fit (B's
-include the checkpoint's copy of the weights every epoch).
+include the checkpoint's host copy of the weights every epoch).
 """
 
 from __future__ import annotations

@@ -20,9 +20,10 @@ the rounds of each round's ratio to plain fastai, after an untimed warm-up round
   wandb         fastai's WandbCallback with WANDB_MODE=offline: loss, raw loss, hyper-parameters
                 every batch (no prediction table; console capture off; an empty config, as
                 fastai 2.8.12 cannot format any config value with this fastcore)
-  traindeck+checkpoints  traindeck as the worker runs it, with a checkpoint (model and
-                optimizer, written and fsynced) after every epoch, which no peer does: with
-                --quick's short epochs the checkpoint weighs far more than in a real job
+  traindeck+checkpoints  traindeck as the worker runs it, with its default checkpoint policy:
+                each epoch's state copied to the host, written (model and optimizer, fsynced)
+                once TRAINDECK_CHECKPOINT_INTERVAL has passed since the last write and after
+                the last epoch, which no peer does
 Each line: the name, images/s (wall clock), images per CPU-second (this process and every
 process it started, such as wandb's service), the CPU-time ratio to plain fastai, and last the
 wall-clock ratio to plain fastai. Nothing leaves the machine: wandb is offline, MLflow writes
