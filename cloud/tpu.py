@@ -12,14 +12,16 @@ Configuration (environment):
 - `TRAINDECK_TPU_PROJECT` (else `GOOGLE_CLOUD_PROJECT`, else the credentials' project) and
   `TRAINDECK_TPU_ZONE`: what the page starts with.
 
-Single hosts only, for now: a node's accelerator type is looked up in the zone through the API
-(`AcceleratorType.accelerator_configs[].topology`), and a type whose slice spans several TPU VM
-hosts is refused before anything is created. Every host of such a slice would have to run the
-same program, and traindeck runs one job in one process on one host.
+A plain TPU VM (`create_node`) is a single host: a node's accelerator type is looked up in the
+zone through the API (`AcceleratorType.accelerator_configs[].topology`), and a type whose slice
+spans several TPU VM hosts is refused before anything is created. A multi-host slice is
+requested as a queued resource instead (`cloud.slices`), with a worker on every host:
+experimental, since it was never run on a real slice.
 
 Preemption: a node in one of `LOST_STATES` no longer runs its worker, so
-`recover_jobs_of_lost_nodes` puts that worker's running jobs back in the queue at once (they
-resume from their checkpoints elsewhere) with a job event saying why.
+`recover_jobs_of_lost_nodes` puts the running jobs of its worker (or, on a slice, of every
+host's worker) back in the queue at once (they resume from their checkpoints elsewhere) with a
+job event saying why.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 # The client library sets no timeout of its own: a silent endpoint would hang the page.
 REQUEST_TIMEOUT_S = 30.0
 WORKER_ID_PREFIX = "tpu-"
+# On a multi-host slice every host's worker is started as tpu-<node name>; host 0 keeps that
+# id and host N > 0 names itself tpu-<node name>-host<N> (the gang worker's rule, issue 25).
+SLICE_HOST_SEPARATOR = "-host"
 TRAINDECK_LABEL = ("managed-by", "traindeck")
 MAX_STARTUP_SCRIPT_BYTES = 256 * 1024  # the Compute Engine limit of one metadata value
 
@@ -215,6 +220,23 @@ def worker_id_for_node(node_name: str) -> str:
     return f"{WORKER_ID_PREFIX}{node_name}"
 
 
+def worker_id_for_host(node_name: str, host: int) -> str:
+    """The worker on host `host` of the multi-host slice `node_name`: host 0's is the node's
+    own worker id, host N's ends in -host<N>."""
+    if host == 0:
+        return worker_id_for_node(node_name)
+    return f"{worker_id_for_node(node_name)}{SLICE_HOST_SEPARATOR}{host}"
+
+
+def is_worker_of_node(worker_id: str, node_name: str) -> bool:
+    """Whether `worker_id` runs on the node `node_name`: its only worker, or one of its hosts'."""
+    own = worker_id_for_node(node_name)
+    if worker_id == own:
+        return True
+    host = worker_id.removeprefix(own + SLICE_HOST_SEPARATOR)
+    return host != worker_id and host.isdigit()
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     """One TPU VM, in the words the page uses."""
@@ -237,6 +259,8 @@ class NodeInfo:
     startup_script: str | None
     description: str
     created_at: datetime | None
+    # The queued resource that created this node (its short name), or "".
+    queued_resource: str = ""
 
     @property
     def worker_id(self) -> str:
@@ -285,6 +309,7 @@ def node_info(node: tpu_v2.Node) -> NodeInfo:
         startup_script=dict(node.metadata).get("startup-script"),
         description=node.description,
         created_at=datetime.fromtimestamp(created.timestamp(), UTC) if created else None,
+        queued_resource=node.queued_resource.rsplit("/", 1)[-1],
     )
 
 
@@ -420,7 +445,7 @@ def accelerator_type_refusal(
     types are `offered` (None: it may)."""
     single_host = [name for name, shape in offered.items() if shape and shape.single_host]
     if accelerator_type not in offered:
-        choices = ", ".join(sorted(single_host, key=_accelerator_order)) or "none"
+        choices = ", ".join(sorted(single_host, key=accelerator_order)) or "none"
         return (
             f"The accelerator type {accelerator_type} is not offered in {zone}; single-host "
             f"types offered there: {choices}."
@@ -435,7 +460,7 @@ def accelerator_type_refusal(
         return None
     generation = accelerator_type.rsplit("-", 1)[0]
     same_generation = [name for name in single_host if name.rsplit("-", 1)[0] == generation]
-    suggestion = max(same_generation or single_host, key=_accelerator_order, default=None)
+    suggestion = max(same_generation or single_host, key=accelerator_order, default=None)
     pick = f"pick a single-host type such as {suggestion}"
     if suggestion is None:
         pick = f"{zone} offers no single-host type"
@@ -444,6 +469,9 @@ def accelerator_type_refusal(
         f"in a {shape.topology} topology); traindeck runs one job on one TPU VM host for now; "
         f"{pick}."
     )
+
+
+EXPERIMENTAL_SLICE = "experimental: not verified on a real slice"
 
 
 def suggested_runtime_version(accelerator_type: str) -> str:
@@ -563,7 +591,7 @@ def describe_api_error(exc: Exception, doing: str, endpoint: str, project: str =
 
 
 _REQUEST_PREFIX = re.compile(r"^(GET|POST|PUT|PATCH|DELETE) \S+: ")
-_API_FAILURES = (
+API_FAILURES = (
     api_exceptions.GoogleAPICallError,
     auth_exceptions.GoogleAuthError,
     requests.exceptions.RequestException,
@@ -607,7 +635,7 @@ class TpuVms:
     def _calling(self, doing: str) -> Iterator[None]:
         try:
             yield
-        except _API_FAILURES as exc:
+        except API_FAILURES as exc:
             raise TpuError(describe_api_error(exc, doing, self.endpoint, self.project)) from exc
 
     def list_nodes(self) -> list[NodeInfo]:
@@ -626,7 +654,7 @@ class TpuVms:
             pages = self.client.list_accelerator_types(
                 parent=self.parent, timeout=REQUEST_TIMEOUT_S
             )
-            return sorted({item.type_ for item in pages if item.type_}, key=_accelerator_order)
+            return sorted({item.type_ for item in pages if item.type_}, key=accelerator_order)
 
     def accelerator_shapes(self) -> dict[str, AcceleratorShape | None]:
         """Every accelerator type the zone offers, with its chips and hosts when the API gives
@@ -636,7 +664,7 @@ class TpuVms:
                 parent=self.parent, timeout=REQUEST_TIMEOUT_S
             )
             found = {item.type_: accelerator_shape(item) for item in pages if item.type_}
-        return {name: found[name] for name in sorted(found, key=_accelerator_order)}
+        return {name: found[name] for name in sorted(found, key=accelerator_order)}
 
     def check_request(self, request: NodeRequest) -> None:
         """Raise `NodeRequestError` naming every problem of `request`, then
@@ -718,7 +746,7 @@ class TpuVms:
             time.sleep(poll_s)
 
 
-def _accelerator_order(accelerator_type: str) -> tuple[Any, ...]:
+def accelerator_order(accelerator_type: str) -> tuple[Any, ...]:
     generation, _, cores = accelerator_type.rpartition("-")
     digits = re.match(r"v(\d+)", generation)
     return (
@@ -739,13 +767,15 @@ class Recovery:
     state: str
     worker_id: str
     outcomes: list[tuple[int, str]]
+    # What happened, when it is not a TPU VM's state ("Queued resource big was suspended").
+    what: str = ""
 
     def summary(self) -> str:
         parts = [f"job {job_id} → {status}" for job_id, status in self.outcomes]
-        return (
-            f"TPU VM {self.node} {LOST_STATE_WORDS.get(self.state, self.state.lower())}: "
-            + ", ".join(parts)
+        what = self.what or (
+            f"TPU VM {self.node} {LOST_STATE_WORDS.get(self.state, self.state.lower())}"
         )
+        return f"{what}: " + ", ".join(parts)
 
 
 def lost_node_reason(node_name: str, state: str) -> str:
@@ -757,21 +787,37 @@ def deleted_node_reason(node_name: str) -> str:
     return f"its TPU VM {node_name} is being deleted"
 
 
+def busy_workers(engine: Engine) -> set[str]:
+    """The workers that run a job now (a read: the page asks every few seconds, and a write
+    would take SQLite's lock)."""
+    return {job.worker_id for job in queue.list_jobs(engine, ["running"]) if job.worker_id}
+
+
+def workers_of_node(node_name: str, workers: Iterable[str]) -> list[str]:
+    """Those of `workers` that run on the node `node_name` (every host's, on a slice)."""
+    return sorted(worker for worker in workers if is_worker_of_node(worker, node_name))
+
+
+def requeue_jobs_of_node(
+    engine: Engine, node_name: str, state: str, reason: str, what: str = ""
+) -> list[Recovery]:
+    """Requeue the running jobs of the node `node_name`'s worker, or of every host's worker on
+    a slice (so that a slice's job goes back as a whole), with `reason` in each job's log."""
+    recoveries = []
+    for worker_id in workers_of_node(node_name, busy_workers(engine)):
+        outcomes = queue.requeue_jobs_of_worker(engine, worker_id, reason)
+        if outcomes:
+            recoveries.append(Recovery(node_name, state, worker_id, outcomes, what=what))
+    return recoveries
+
+
 def recover_jobs_of_lost_nodes(engine: Engine, nodes: Iterable[NodeInfo]) -> list[Recovery]:
     """Requeue the running jobs of every node whose VM is gone (PREEMPTED, TERMINATED,
-    STOPPED). Harmless to call again and again: a worker's jobs are requeued only once."""
-    lost = [node for node in nodes if node.is_lost]
-    if not lost:
-        return []
-    # A read first: the page asks every few seconds, and a write would take SQLite's lock.
-    busy_workers = {job.worker_id for job in queue.list_jobs(engine, ["running"])}
+    STOPPED): of its worker, or of every host's worker on a slice. Harmless to call again and
+    again: a worker's jobs are requeued only once."""
     recoveries = []
-    for node in lost:
-        if node.worker_id not in busy_workers:
-            continue
-        outcomes = queue.requeue_jobs_of_worker(
-            engine, node.worker_id, lost_node_reason(node.name, node.state)
-        )
-        if outcomes:
-            recoveries.append(Recovery(node.name, node.state, node.worker_id, outcomes))
+    for node in nodes:
+        if node.is_lost:
+            reason = lost_node_reason(node.name, node.state)
+            recoveries += requeue_jobs_of_node(engine, node.name, node.state, reason)
     return recoveries

@@ -1,9 +1,12 @@
-"""`python -m cloud.watch --project P --zone Z`: requeue the jobs of preempted TPU VMs
-when nobody has the TPU VMs page open.
+"""`python -m cloud.watch --project P --zone Z`: requeue the jobs of preempted TPU VMs and
+suspended slices when nobody has the TPU VMs page open.
 
 Every `--interval` seconds it lists the zone's nodes and, for each one that is PREEMPTED,
-TERMINATED or STOPPED, puts the running jobs of its worker (`tpu-<node name>`) back in the
-queue with a job event saying why. The TPU VMs page does the same on each refresh; without
+TERMINATED or STOPPED, puts the running jobs of its worker (`tpu-<node name>`, or every host's
+`tpu-<node name>.host<N>` on a slice) back in the queue with a job event saying why. Then it
+lists the zone's queued resources and does the same for the node of each one that is
+SUSPENDING, SUSPENDED, FAILED or DELETING: a slice's job goes back as a whole. The TPU VMs page
+does the same on each refresh; without
 either, the queue still recovers such jobs once their heartbeat is older than
 TRAINDECK_HEARTBEAT_TIMEOUT, only later and without naming the preemption.
 """
@@ -16,6 +19,7 @@ import time
 from datetime import UTC, datetime
 from typing import NoReturn
 
+from cloud.slices import QueuedResources, recover_jobs_of_lost_slices
 from cloud.tpu import (
     TpuError,
     TpuVms,
@@ -43,13 +47,17 @@ def _say(message: str) -> None:
 
 
 def check_once(vms: TpuVms, engine: Engine) -> int:
-    """One look at the zone; returns how many jobs changed state."""
+    """One look at the zone's nodes, then at its queued resources; returns how many jobs
+    changed state."""
     nodes = vms.list_nodes()
-    changed = 0
-    for recovery in recover_jobs_of_lost_nodes(engine, nodes):
+    recoveries = recover_jobs_of_lost_nodes(engine, nodes)
+    for recovery in recoveries:
         _say(recovery.summary())
-        changed += len(recovery.outcomes)
-    return changed
+    queued = QueuedResources(vms).list()
+    later = recover_jobs_of_lost_slices(engine, queued)
+    for recovery in later:
+        _say(recovery.summary())
+    return sum(len(recovery.outcomes) for recovery in recoveries + later)
 
 
 def main(argv: list[str] | None = None) -> int:

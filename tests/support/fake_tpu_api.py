@@ -11,9 +11,19 @@ Accelerator types come with their `acceleratorConfigs` (the chip generation and 
 as the real API lists them: v4-8 is `{"type": "V4", "topology": "2x2x1"}`); `ACCELERATOR_TYPES`
 holds single-host and multi-host types of every generation, and a test may give its own.
 
+Queued resources (`projects/P/locations/Z/queuedResources/Q`, the v2 REST shapes of
+https://cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.queuedResources): create
+answers an operation, after which the request waits (WAITING_FOR_RESOURCES) until a test
+`provision`s it (PROVISIONING, then ACTIVE with its node READY and naming its queued resource);
+`suspend` deletes its node and leaves it SUSPENDED, `fail_queued` leaves it FAILED with an error;
+delete without `force` is refused while its node exists (as the API says: only a request whose
+nodes are gone, or that is ACCEPTED, WAITING_FOR_RESOURCES, FAILED or SUSPENDED), and with
+`force` deletes the node and then the queued resource.
+
 Tests steer it: `add_node` (nodes that exist already), `set_state` (e.g. PREEMPTED),
 `fail_next` (the next request of one kind answers an HTTP error), `fail_next_operation` (the
-next operation finishes with an error, like a zone out of capacity), `polls_until_done`.
+next operation finishes with an error, like a zone out of capacity), `polls_until_done`,
+`set_queued_state`, `provision`, `suspend`, `fail_queued`.
 """
 
 from __future__ import annotations
@@ -30,13 +40,19 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
+QUEUED_RESOURCE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
 EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
 METADATA_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
 ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
 
 _LOCATION = r"projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
 _NODE = _LOCATION + r"/nodes/(?P<node>[^/:]+)"
+_QUEUED = _LOCATION + r"/queuedResources/(?P<queued_resource>[^/:]+)"
 ROUTES = (
+    ("GET", re.compile(rf"^/v2/{_LOCATION}/queuedResources$"), "queued_list"),
+    ("POST", re.compile(rf"^/v2/{_LOCATION}/queuedResources$"), "queued_create"),
+    ("GET", re.compile(rf"^/v2/{_QUEUED}$"), "queued_get"),
+    ("DELETE", re.compile(rf"^/v2/{_QUEUED}$"), "queued_delete"),
     ("GET", re.compile(rf"^/v2/{_LOCATION}/nodes$"), "list"),
     ("POST", re.compile(rf"^/v2/{_LOCATION}/nodes$"), "create"),
     ("GET", re.compile(rf"^/v2/{_NODE}$"), "get"),
@@ -60,6 +76,24 @@ TRANSITIONS = {
     "stop": ("STOPPING", "STOPPED"),
 }
 STATES_ALLOWED = {"start": {"STOPPED"}, "stop": {"READY"}}
+# What a queued resource's create and delete operations turn it into, and once they are done.
+QUEUED_TRANSITIONS = {
+    "create": ("CREATING", "WAITING_FOR_RESOURCES"),
+    "delete": ("DELETING", None),
+}
+# The states in which a queued resource may be deleted without `force` (DeleteQueuedResource).
+QUEUED_DELETABLE = {"ACCEPTED", "WAITING_FOR_RESOURCES", "FAILED", "SUSPENDED"}
+QUEUED_STATE_DATA = {
+    "CREATING": "creatingData",
+    "ACCEPTED": "acceptedData",
+    "WAITING_FOR_RESOURCES": None,
+    "PROVISIONING": "provisioningData",
+    "FAILED": "failedData",
+    "DELETING": "deletingData",
+    "ACTIVE": "activeData",
+    "SUSPENDING": "suspendingData",
+    "SUSPENDED": "suspendedData",
+}
 NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 # Accelerator type → (AcceleratorConfig.Type, topology), from the Cloud TPU docs' tables of
 # supported configurations. Single host: v2-8, v3-8, v4-8, v5litepod-1/-4/-8, v5p-8, v6e-8.
@@ -138,6 +172,7 @@ class _Operation:
     node_name: str
     polls_left: int
     created: str
+    kind: str = "node"  # or "queued_resource": what `node_name` names
     failure: dict[str, Any] | None = None
     done: bool = False
     response: dict[str, Any] | None = None
@@ -176,6 +211,7 @@ class FakeTpuApi:
         default_factory=lambda: ["tpu-ubuntu2204-base", "v2-alpha-tpuv5-lite", "tpu-vm-base"]
     )
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    queued_resources: dict[str, dict[str, Any]] = field(default_factory=dict)
     requests: list[RecordedRequest] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -244,11 +280,94 @@ class FakeTpuApi:
         with self._lock:
             self.node(name)["state"] = state
 
+    def add_queued_resource(
+        self,
+        project: str,
+        zone: str,
+        name: str,
+        accelerator_type: str = "v4-8",
+        state: str = "WAITING_FOR_RESOURCES",
+        spot: bool = True,
+        startup_script: str = "#!/bin/bash\n",
+    ) -> dict[str, Any]:
+        """A queued resource that exists already, for one node named like it (no node: call
+        `provision` for that)."""
+        location = f"projects/{project}/locations/{zone}"
+        node = {
+            "acceleratorType": accelerator_type,
+            "runtimeVersion": "tpu-ubuntu2204-base",
+            "metadata": {"startup-script": startup_script},
+            "labels": {"managed-by": "traindeck"},
+        }
+        queued: dict[str, Any] = {
+            "name": f"{location}/queuedResources/{name}",
+            "createTime": _timestamp(),
+            "tpu": {"nodeSpec": [{"parent": location, "nodeId": name, "node": node}]},
+            "state": _queued_state(state),
+        }
+        if spot:
+            queued["spot"] = {}
+        with self._lock:
+            self.queued_resources[queued["name"]] = queued
+        return queued
+
+    def queued_resource(self, name: str) -> dict[str, Any]:
+        """The queued resource whose full or short name is `name`."""
+        with self._lock:
+            for full_name, queued in self.queued_resources.items():
+                if full_name == name or full_name.rsplit("/", 1)[-1] == name:
+                    return queued
+        raise KeyError(name)
+
+    def set_queued_state(
+        self,
+        name: str,
+        state: str,
+        initiator: str | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        """Put the queued resource `name` in `state` (its node, if any, stays as it is)."""
+        with self._lock:
+            queued = self.queued_resource(name)
+            queued["state"] = _queued_state(state, initiator, error)
+
+    def provision(self, name: str) -> dict[str, Any]:
+        """The queued resource `name` gets its capacity: its node is created READY, naming its
+        queued resource, and the queued resource is ACTIVE. Returns the node."""
+        with self._lock:
+            queued = self.queued_resource(name)
+            (spec,) = queued["tpu"]["nodeSpec"]
+            body = dict(spec["node"])
+            if "spot" in queued:
+                body["schedulingConfig"] = {**body.get("schedulingConfig", {}), "spot": True}
+            node = self._new_node(f"{spec['parent']}/nodes/{spec['nodeId']}", body)
+            node["state"] = "READY"
+            node["queuedResource"] = queued["name"]
+            self.nodes[node["name"]] = node
+            queued["state"] = _queued_state("ACTIVE")
+            return node
+
+    def suspend(self, name: str, initiator: str = "SERVICE") -> None:
+        """The queued resource `name` loses its capacity (a spot slice taken back): its node is
+        deleted and it is SUSPENDED, by the service unless `initiator` says USER."""
+        with self._lock:
+            queued = self.queued_resource(name)
+            self._drop_nodes_of(queued["name"])
+            queued["state"] = _queued_state("SUSPENDED", initiator)
+
+    def fail_queued(self, name: str, code: int, message: str) -> None:
+        """The queued resource `name` fails with the `google.rpc.Status` (code, message)."""
+        with self._lock:
+            queued = self.queued_resource(name)
+            self._drop_nodes_of(queued["name"])
+            queued["state"] = _queued_state("FAILED", error={"code": code, "message": message})
+
     def fail_next(
         self, kind: str, http_status: int, message: str, status: str | None = None
     ) -> None:
         """The next request of `kind` (list, get, create, delete, start, stop, operation,
-        accelerator_types, accelerator_type, runtime_versions) answers this error."""
+        accelerator_types, accelerator_type, runtime_versions, queued_list, queued_create,
+        queued_get, queued_delete) answers this error."""
         with self._lock:
             self._errors.setdefault(kind, []).append(ApiError(http_status, message, status))
 
@@ -270,6 +389,8 @@ class FakeTpuApi:
             if queued:
                 raise queued.pop(0)
             location = f"projects/{params['project']}/locations/{params['zone']}"
+            if kind.startswith("queued_"):
+                return self._queued(kind, location, params, request)
             if kind == "list":
                 return self._list(location, request.query)
             if kind == "create":
@@ -310,6 +431,81 @@ class FakeTpuApi:
                     "FAILED_PRECONDITION",
                 )
             return self._start_operation(location, kind, node)
+
+    def _queued(
+        self, kind: str, location: str, params: dict[str, str], request: RecordedRequest
+    ) -> dict[str, Any]:
+        if kind == "queued_list":
+            found = [q for n, q in sorted(self.queued_resources.items()) if n.startswith(location)]
+            start = int(request.query.get("pageToken", ["0"])[0] or 0)
+            size = int(request.query.get("pageSize", [str(self.page_size)])[0] or self.page_size)
+            body: dict[str, Any] = {"queuedResources": found[start : start + size]}
+            if start + size < len(found):
+                body["nextPageToken"] = str(start + size)
+            return body
+        if kind == "queued_create":
+            return self._create_queued(location, request.query, request.body or {})
+        name = f"{location}/queuedResources/{params['queued_resource']}"
+        queued = self.queued_resources.get(name)
+        if queued is None:
+            raise ApiError(404, f"Resource '{name}' was not found")
+        if kind == "queued_get":
+            return queued
+        force = request.query.get("force", ["false"])[0].lower() == "true"
+        state = queued["state"]["state"]
+        if not force and state not in QUEUED_DELETABLE and self._nodes_of(name):
+            raise ApiError(
+                400,
+                f"Cannot delete queued resource {params['queued_resource']} in state {state} "
+                "while its nodes exist; set force to delete them too",
+                "FAILED_PRECONDITION",
+            )
+        for node in self._nodes_of(name):
+            node["state"] = "DELETING"
+        return self._start_operation(location, "delete", queued, kind="queued_resource")
+
+    def _create_queued(
+        self, location: str, query: dict[str, list[str]], body: dict[str, Any]
+    ) -> dict[str, Any]:
+        queued_id = query.get("queuedResourceId", [""])[0]
+        if not NODE_NAME.match(queued_id):
+            raise ApiError(400, f"Invalid value for field 'queuedResourceId': {queued_id!r}")
+        if "spot" in body and "guaranteed" in body:
+            raise ApiError(400, "Only one tier may be set: spot or guaranteed")
+        specs = body.get("tpu", {}).get("nodeSpec", [])
+        if len(specs) != 1:
+            raise ApiError(400, f"The fake takes one node spec, not {len(specs)}")
+        (spec,) = specs
+        if spec.get("parent") != location:
+            raise ApiError(400, f"Invalid node spec parent {spec.get('parent')!r}")
+        if not NODE_NAME.match(spec.get("nodeId", "")):
+            raise ApiError(400, f"Invalid value for field 'nodeId': {spec.get('nodeId')!r}")
+        node = spec.get("node", {})
+        accelerator_type = node.get("acceleratorType")
+        if not accelerator_type or accelerator_type not in self.accelerator_types:
+            raise ApiError(400, f"Accelerator type '{accelerator_type}' is not available in zone")
+        if not node.get("runtimeVersion"):
+            raise ApiError(400, "Missing runtime version")
+        name = f"{location}/queuedResources/{queued_id}"
+        if name in self.queued_resources:
+            raise ApiError(409, f"Resource '{name}' already exists")
+        if f"{location}/nodes/{spec['nodeId']}" in self.nodes:
+            raise ApiError(409, f"Resource '{location}/nodes/{spec['nodeId']}' already exists")
+        queued = {
+            key: value
+            for key, value in body.items()
+            if key in ("tpu", "spot", "guaranteed", "queueingPolicy", "reservationName")
+        }
+        queued.update({"name": name, "createTime": _timestamp()})
+        self.queued_resources[name] = queued
+        return self._start_operation(location, "create", queued, kind="queued_resource")
+
+    def _nodes_of(self, queued_name: str) -> list[dict[str, Any]]:
+        return [n for n in self.nodes.values() if n.get("queuedResource") == queued_name]
+
+    def _drop_nodes_of(self, queued_name: str) -> None:
+        for node in self._nodes_of(queued_name):
+            self.nodes.pop(node["name"], None)
 
     def _accelerator_type(self, location: str, name: str) -> dict[str, Any]:
         generation, topology = self.accelerator_types[name]
@@ -374,17 +570,22 @@ class FakeTpuApi:
         )
         return node
 
-    def _start_operation(self, location: str, verb: str, node: dict[str, Any]) -> dict[str, Any]:
+    def _start_operation(
+        self, location: str, verb: str, target: dict[str, Any], kind: str = "node"
+    ) -> dict[str, Any]:
         name = f"{location}/operations/operation-{next(self._ids)}-fake"
-        running_state, _ = TRANSITIONS[verb]
-        node["state"] = running_state
+        if kind == "node":
+            target["state"] = TRANSITIONS[verb][0]
+        else:
+            target["state"] = _queued_state(QUEUED_TRANSITIONS[verb][0])
         failure = self._operation_failures.pop(0) if self._operation_failures else None
         operation = _Operation(
             name=name,
             verb=verb,
-            node_name=node["name"],
+            node_name=target["name"],
             polls_left=self.polls_until_done,
             created=_timestamp(),
+            kind=kind,
             failure=failure,
         )
         self._operations[name] = operation
@@ -403,6 +604,9 @@ class FakeTpuApi:
     def _finish(self, operation: _Operation) -> None:
         operation.done = True
         operation.end_time = _timestamp()
+        if operation.kind == "queued_resource":
+            self._finish_queued(operation)
+            return
         node = self.nodes.get(operation.node_name)
         if operation.failure is not None:
             operation.error = operation.failure
@@ -418,6 +622,40 @@ class FakeTpuApi:
         elif node is not None:
             node["state"] = final_state
             operation.response = {"@type": NODE_TYPE, **node}
+
+    def _finish_queued(self, operation: _Operation) -> None:
+        queued = self.queued_resources.get(operation.node_name)
+        if operation.failure is not None:
+            operation.error = operation.failure
+            if operation.verb == "create":
+                self.queued_resources.pop(operation.node_name, None)
+            elif queued is not None:
+                nodes = self._nodes_of(queued["name"])
+                for node in nodes:
+                    node["state"] = "READY"
+                queued["state"] = _queued_state("ACTIVE" if nodes else "FAILED")
+            return
+        _, final_state = QUEUED_TRANSITIONS[operation.verb]
+        if final_state is None:
+            self._drop_nodes_of(operation.node_name)
+            self.queued_resources.pop(operation.node_name, None)
+            operation.response = {"@type": EMPTY_TYPE}
+        elif queued is not None:
+            queued["state"] = _queued_state(final_state)
+            operation.response = {"@type": QUEUED_RESOURCE_TYPE, **queued}
+
+
+def _queued_state(
+    state: str, initiator: str | None = None, error: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A `QueuedResourceState` as JSON: the state, its data, and who brought it about."""
+    body: dict[str, Any] = {"state": state}
+    data = QUEUED_STATE_DATA.get(state)
+    if data is not None:
+        body[data] = {"error": error} if error is not None else {}
+    if initiator is not None:
+        body["stateInitiator"] = initiator
+    return body
 
 
 class _Handler(BaseHTTPRequestHandler):
