@@ -1,8 +1,18 @@
-"""The startup script that turns a fresh TPU VM into a traindeck worker.
+"""The startup script that turns a fresh TPU VM, or every host of a TPU slice, into traindeck
+workers.
 
-The VM is a single host: `cloud.tpu` refuses an accelerator type whose slice spans several
-hosts, since every host of such a slice would have to run the same program. Google runs a
-node's `startup-script` metadata as root at every boot. Ours installs Python 3.11, brings
+Google runs a node's `startup-script` metadata as root at every boot, on every host of the
+node. For a single-host TPU VM the script starts one worker, `tpu-<node name>`. For a
+multi-host slice (`slice_hosts` > 1, requested as a queued resource by `cloud.slices`) every
+host runs the same script and starts its own worker, with `--worker-id tpu-<node name>` and
+`TRAINDECK_SLICE=<node name>` on each: the worker finds its host number N as libtpu does and
+names itself `tpu-<node name>-host<N>` on host N > 0 (`cloud.tpu.worker_id_for_host`). The
+script learns N too, from the TPU metadata server (`instance/attributes/agent-worker-number`)
+or `TPU_WORKER_ID` where the server does not answer: a host that cannot tell starts no worker,
+and the worker's environment file records it (`TRAINDECK_HOST_INDEX`). Running one job across
+the hosts is the workers' business (gang execution); none of it was ever run on a real slice.
+
+Ours installs Python 3.11, brings
 traindeck onto the VM (a git repository or a tarball), installs the pinned stack from
 traindeck's requirements.lock plus `torch_xla[tpu]` (which brings libtpu), and starts
 `python -m worker --worker-id tpu-<node name>` under systemd with `PJRT_DEVICE=TPU`, the
@@ -23,13 +33,14 @@ import shlex
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from cloud.tpu import NODE_NAME_PATTERN, worker_id_for_node
+from cloud.tpu import EXPERIMENTAL_SLICE, NODE_NAME_PATTERN, worker_id_for_node
 from common.store import StoreError, validate_store_url
 
 TORCH_XLA_VERSION = "2.9.0"  # must match requirements.txt (a test checks)
 TORCH_XLA_REQUIREMENT = f"torch_xla[tpu]=={TORCH_XLA_VERSION}"
 DEFAULT_DATA_DIR = "/opt/traindeck/data"
 DEFAULT_SOURCE_REF = "main"
+MAX_HOSTS = 4096  # more than any TPU slice has (a v5p pod is 8960 chips, 4 a host: 2240)
 POSTGRES_SCHEMES = ("postgres", "postgresql", "postgresql+psycopg")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
 
@@ -52,10 +63,19 @@ class BootstrapSettings:
     data_dir: str = DEFAULT_DATA_DIR
     # The bucket the dashboard and every worker share (TRAINDECK_STORE); empty: none.
     store_url: str = ""
+    # How many TPU VM hosts the node has (the Cloud TPU API's topology): more than one, and
+    # every host starts a worker of its own.
+    slice_hosts: int = 1
 
     @property
     def worker_id(self) -> str:
+        """The id the worker is started with; on a slice, on every host (the worker of host
+        N > 0 adds -host<N> to it)."""
         return worker_id_for_node(self.node_name)
+
+    @property
+    def is_slice(self) -> bool:
+        return self.slice_hosts > 1
 
     @property
     def source_is_tarball(self) -> bool:
@@ -66,6 +86,11 @@ class BootstrapSettings:
         found = []
         if not NODE_NAME_PATTERN.match(self.node_name):
             found.append(f"The node name {self.node_name!r} is not a valid TPU VM name.")
+        if not isinstance(self.slice_hosts, int) or not 1 <= self.slice_hosts <= MAX_HOSTS:
+            found.append(
+                f"The number of hosts {self.slice_hosts!r} is not a whole number from 1 to "
+                f"{MAX_HOSTS}."
+            )
         found += database_url_problems(self.database_url)
         found += store_url_problems(self.store_url)
         if not self.source_url:
@@ -147,8 +172,11 @@ def build_startup_script(settings: BootstrapSettings) -> str:
     problems = settings.problems()
     if problems:
         raise ValueError(" ".join(problems))
-    values = {
-        "WORKER_ID": settings.worker_id,
+    values = {"WORKER_ID": settings.worker_id}
+    if settings.is_slice:
+        # Each host sets TRAINDECK_HOST_INDEX once it knows its number.
+        values |= {"TRAINDECK_SLICE": settings.node_name, "SLICE_HOSTS": str(settings.slice_hosts)}
+    values |= {
         "SOURCE_URL": settings.source_url,
         "SOURCE_REF": settings.source_ref,
         "DATABASE_URL": settings.database_url.strip(),
@@ -157,6 +185,17 @@ def build_startup_script(settings: BootstrapSettings) -> str:
         "TORCH_XLA_REQUIREMENT": TORCH_XLA_REQUIREMENT,
     }
     assignments = "\n".join(f"{name}={shlex.quote(value)}" for name, value in values.items())
+    if settings.is_slice:
+        header = (
+            "#!/bin/bash\n"
+            f"# traindeck worker bootstrap for the TPU slice {settings.node_name}, written by the\n"
+            f"# traindeck dashboard, for each of its {settings.slice_hosts} hosts "
+            f"({EXPERIMENTAL_SLICE}).\n"
+            "# Google runs it as root at every boot of every host; each starts its own worker.\n"
+            "# Its log: /var/log/traindeck-bootstrap.log; the worker's: journalctl -u "
+            "traindeck-worker\n"
+        )
+        return f"{header}\n{assignments}\n{SLICE_STEPS}{SCRIPT_BODY}{SLICE_MAIN}"
     header = (
         "#!/bin/bash\n"
         f"# traindeck worker bootstrap for the TPU VM {settings.node_name}, written by the\n"
@@ -164,7 +203,7 @@ def build_startup_script(settings: BootstrapSettings) -> str:
         "# Its log: /var/log/traindeck-bootstrap.log; the worker's: journalctl -u "
         "traindeck-worker\n"
     )
-    return f"{header}\n{assignments}\n{SCRIPT_BODY}"
+    return f"{header}\n{assignments}\n{SCRIPT_BODY}{SINGLE_HOST_MAIN}"
 
 
 SCRIPT_BODY = r"""
@@ -242,6 +281,10 @@ TRAINDECK_STORE=$TRAINDECK_STORE
 TRAINDECK_DATA=$TRAINDECK_DATA
 PJRT_DEVICE=TPU
 ENV
+        if [ -n "${TRAINDECK_SLICE:-}" ]; then
+            printf 'TRAINDECK_SLICE=%s\nTRAINDECK_HOST_INDEX=%s\n' "$TRAINDECK_SLICE" \
+                "$TRAINDECK_HOST_INDEX" >>"$ENV_FILE"
+        fi
     )
     cat >"$UNIT_FILE" <<UNIT
 [Unit]
@@ -262,9 +305,7 @@ TimeoutStopSec=150
 UNIT
 }
 
-main() {
-    set -euo pipefail
-    exec >>/var/log/traindeck-bootstrap.log 2>&1
+bootstrap() {
     echo "== traindeck bootstrap of $WORKER_ID, $(date -Is)"
     install_system_packages
     fetch_source
@@ -274,6 +315,57 @@ main() {
     systemctl daemon-reload
     systemctl restart traindeck-worker.service
     echo "== traindeck worker $WORKER_ID started; follow it: journalctl -u traindeck-worker -f"
+}
+"""
+
+SINGLE_HOST_MAIN = r"""
+main() {
+    set -euo pipefail
+    exec >>/var/log/traindeck-bootstrap.log 2>&1
+    bootstrap
+}
+
+# TRAINDECK_BOOTSTRAP_DEFINE_ONLY=1 only defines the steps (the tests run them one by one).
+if [ "${TRAINDECK_BOOTSTRAP_DEFINE_ONLY:-0}" != 1 ]; then
+    main "$@"
+fi
+"""
+
+# Every host of a slice runs the same script: each asks which host it is first.
+SLICE_STEPS = r"""
+METADATA_RETRIES=5
+
+learn_host_index() {
+    local url index
+    url="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1/instance"
+    url="$url/attributes/agent-worker-number"
+    if ! index=$(curl -fsS --max-time 10 --retry "$METADATA_RETRIES" --retry-connrefused \
+        -H 'Metadata-Flavor: Google' "$url"); then
+        echo "the TPU metadata server did not say which host this is: TPU_WORKER_ID decides"
+        index=${TPU_WORKER_ID:-}
+    fi
+    case "$index" in
+        '' | *[!0-9]*)
+            echo "error: this host's number is unknown (metadata agent-worker-number and" \
+                "TPU_WORKER_ID gave '$index'): no worker is started" >&2
+            return 1
+            ;;
+    esac
+    if [ "$index" -ge "$SLICE_HOSTS" ]; then
+        echo "error: host $index of a slice of $SLICE_HOSTS hosts: no worker is started" >&2
+        return 1
+    fi
+    TRAINDECK_HOST_INDEX=$((10#$index))
+    echo "== host $TRAINDECK_HOST_INDEX of the $SLICE_HOSTS hosts of slice $TRAINDECK_SLICE"
+}
+"""
+
+SLICE_MAIN = r"""
+main() {
+    set -euo pipefail
+    exec >>/var/log/traindeck-bootstrap.log 2>&1
+    learn_host_index
+    bootstrap
 }
 
 # TRAINDECK_BOOTSTRAP_DEFINE_ONLY=1 only defines the steps (the tests run them one by one).

@@ -4,12 +4,15 @@ temporary folder instead of /opt and /etc."""
 
 from __future__ import annotations
 
+import http.server
 import io
 import os
 import re
 import stat
 import subprocess
 import tarfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -306,3 +309,120 @@ def test_the_stack_is_installed_from_the_lock_once_per_lock(tmp_path: Path):
     assert calls.read_text().splitlines() == installs * 2
     stamp = (tmp_path / "opt" / "venv" / ".traindeck-stamp").read_text().split()
     assert stamp[1] == f"torch_xla[tpu]=={TORCH_XLA_VERSION}" and len(stamp[0]) == 64
+
+
+# --- a multi-host slice: a worker on every host (issue 25) -----------------------------------
+
+
+class _Metadata(http.server.BaseHTTPRequestHandler):
+    """The TPU metadata server's `agent-worker-number`, as a TPU VM host answers it."""
+
+    worker_number = "2"
+
+    def do_GET(self) -> None:
+        path = "/computeMetadata/v1/instance/attributes/agent-worker-number"
+        if self.path != path or self.headers.get("Metadata-Flavor") != "Google":
+            self.send_error(404)
+            return
+        body = self.worker_number.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args) -> None:
+        """Quiet."""
+
+
+@pytest.fixture
+def metadata_server() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metadata)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _slice_script(tmp_path: Path, hosts: int = 4) -> str:
+    return build_startup_script(_settings(node_name="pod-1", slice_hosts=hosts)).replace(
+        "/var/log/traindeck-bootstrap.log", str(tmp_path / "bootstrap.log")
+    )
+
+
+def test_a_slice_script_is_valid_bash_and_says_it_is_experimental(tmp_path: Path):
+    script = _slice_script(tmp_path)
+
+    syntax = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    assert "for each of its 4 hosts (experimental: not verified on a real slice)" in script
+    # Every host starts its worker as tpu-pod-1: host N > 0's names itself tpu-pod-1-host<N>.
+    assert "WORKER_ID=tpu-pod-1\nTRAINDECK_SLICE=pod-1\nSLICE_HOSTS=4\n" in script
+    assert "learn_host_index" in script
+    assert _settings(slice_hosts=0).problems() == [
+        "The number of hosts 0 is not a whole number from 1 to 4096."
+    ]
+
+
+def test_each_host_learns_its_number_from_the_metadata_server(tmp_path: Path, metadata_server):
+    steps = f"GCE_METADATA_HOST={metadata_server}\nlearn_host_index\nwrite_worker_service"
+
+    result = _run_steps(_slice_script(tmp_path), steps, tmp_path)
+
+    assert result.returncode == 0, result.stderr
+    environment = (tmp_path / "etc" / "traindeck" / "worker.env").read_text().splitlines()
+    assert environment[-2:] == ["TRAINDECK_SLICE=pod-1", "TRAINDECK_HOST_INDEX=2"]
+    unit = (tmp_path / "etc" / "traindeck-worker.service").read_text()
+    assert "-m worker --worker-id tpu-pod-1\n" in unit
+    assert "== host 2 of the 4 hosts of slice pod-1" in result.stdout
+
+
+@pytest.mark.parametrize("host", [0, 3])
+def test_without_the_metadata_server_tpu_worker_id_decides(tmp_path: Path, host: int):
+    """Every host runs the same script and starts a worker of its own."""
+    steps = (
+        f"GCE_METADATA_HOST=127.0.0.1:1; METADATA_RETRIES=0; TPU_WORKER_ID={host}\n"
+        "install_system_packages() { echo install; }; fetch_source() { echo fetch; }\n"
+        "install_python_stack() { echo stack; }; write_worker_service() {\n"
+        '    echo "service $WORKER_ID $TRAINDECK_SLICE $TRAINDECK_HOST_INDEX"; }\n'
+        'systemctl() { echo "systemctl $*"; }\n'
+        "main"
+    )
+
+    result = _run_steps(_slice_script(tmp_path), steps, tmp_path)
+
+    assert result.returncode == 0, result.stderr
+    log = (tmp_path / "bootstrap.log").read_text()
+    assert "the TPU metadata server did not say which host this is" in log
+    assert f"== host {host} of the 4 hosts of slice pod-1\n" in log
+    assert f"service tpu-pod-1 pod-1 {host}\n" in log
+    assert "== traindeck worker tpu-pod-1 started;" in log
+
+
+@pytest.mark.parametrize(
+    ("worker_id", "error"),
+    [
+        ("", "this host's number is unknown"),
+        ("one", "this host's number is unknown"),
+        ("4", "host 4 of a slice of 4 hosts: no worker is started"),
+    ],
+)
+def test_a_host_that_cannot_tell_its_number_starts_no_worker(
+    tmp_path: Path, worker_id: str, error: str
+):
+    steps = (
+        f"GCE_METADATA_HOST=127.0.0.1:1; METADATA_RETRIES=0; TPU_WORKER_ID={worker_id}\n"
+        "install_system_packages() { echo install; }; fetch_source() { echo fetch; }\n"
+        "install_python_stack() { echo stack; }; write_worker_service() { echo service; }\n"
+        'systemctl() { echo "systemctl $*"; }\n'
+        "main"
+    )
+
+    result = _run_steps(_slice_script(tmp_path), steps, tmp_path)
+
+    assert result.returncode != 0
+    log = (tmp_path / "bootstrap.log").read_text()
+    assert error in log
+    assert "install" not in log and "systemctl" not in log
