@@ -467,11 +467,14 @@ def accelerator_type_refusal(
     return (
         f"{accelerator_type} is a multi-host slice ({shape.hosts} hosts, {shape.chips} chips "
         f"in a {shape.topology} topology); traindeck runs one job on one TPU VM host for now; "
-        f"{pick}."
+        f"{pick}. {SLICE_AS_QUEUED_RESOURCE}"
     )
 
 
 EXPERIMENTAL_SLICE = "experimental: not verified on a real slice"
+SLICE_AS_QUEUED_RESOURCE = (
+    f"A multi-host slice can be requested as a queued resource instead ({EXPERIMENTAL_SLICE})."
+)
 
 
 def suggested_runtime_version(accelerator_type: str) -> str:

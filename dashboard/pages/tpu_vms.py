@@ -1,12 +1,16 @@
 """The TPU VMs page: the Cloud TPU VMs of a project and zone, with the traindeck worker on each;
-create one (its startup script makes it a worker), start, stop, delete or recreate one.
+create one (its startup script makes it a worker), start, stop, delete or recreate one; and the
+zone's queued resources, with where each stands (waiting for resources, active, suspended…).
 
-Single-host accelerator types only, for now: a multi-host slice (the zone's API says how many
-hosts a type has) is refused with the reason, and nothing is created or deleted. Destructive
-actions ask for a confirmation. Each long-running operation started here is followed until it
-ends. On every refresh of the node list (every few seconds while the page is open) the running
-jobs of a node that was preempted, terminated or stopped go back to the queue at once;
-`python -m cloud.watch` does the same when nobody has the page open.
+A TPU VM is created directly or requested as a queued resource. A multi-host slice (the zone's
+API says how many hosts a type has) only as a queued resource, with a startup script that
+starts a worker on every host, and marked "experimental: not verified on a real slice".
+Deleting a queued resource's TPU VM deletes the queued resource. Destructive actions ask for a
+confirmation. Each long-running operation started here is followed until it ends. On every
+refresh of the lists (every few seconds while the page is open) the running jobs of a node that
+was preempted, terminated or stopped, or of a queued resource that was suspended or failed, go
+back to the queue at once (a slice's job as a whole); `python -m cloud.watch` does the same
+when nobody has the page open.
 """
 
 from __future__ import annotations
@@ -27,9 +31,18 @@ from cloud.bootstrap import (
     BootstrapSettings,
     build_startup_script,
 )
+from cloud.slices import (
+    QueuedResourceInfo,
+    QueuedResources,
+    SliceRequest,
+    queued_type_refusal,
+    recover_jobs_of_lost_slices,
+    requeue_jobs_of_deleted_slice,
+)
 from cloud.tpu import (
     CLOUD_PLATFORM_SCOPE,
     COMMON_ACCELERATOR_TYPES,
+    EXPERIMENTAL_SLICE,
     AcceleratorShape,
     CredentialsMissing,
     FoundCredentials,
@@ -49,6 +62,7 @@ from cloud.tpu import (
     make_client,
     recover_jobs_of_lost_nodes,
     request_from_node,
+    requeue_jobs_of_node,
     suggested_runtime_version,
 )
 from common import config, store
@@ -56,7 +70,6 @@ from common.errors import mask_passwords
 from common.settings import settings
 from dashboard.format import plain
 from dashboard.state import get_engine
-from db import queue
 from db.engine import DatabaseError, Engine, printable_url
 from db.workers import list_workers
 
@@ -79,6 +92,7 @@ CONFIRM_WORDS = {
     "delete": "Delete",
     "recreate": "Delete and create again",
 }
+QUEUED_CONFIRM_KEY = "tpu_confirm_queued"
 
 
 # --- credentials and client -----------------------------------------------------------------
@@ -125,7 +139,8 @@ def _type_label(shapes: dict[str, AcceleratorShape | None]) -> Callable[[str], s
     def label(accelerator_type: str) -> str:
         shape = shapes.get(accelerator_type)
         if shape is not None and not shape.single_host:
-            return f"{accelerator_type} ({shape.hosts} hosts: not supported yet)"
+            hosts = f"{shape.hosts} hosts, a queued resource"
+            return f"{accelerator_type} ({hosts}: {EXPERIMENTAL_SLICE})"
         return accelerator_type
 
     return label
@@ -163,14 +178,19 @@ def _remember_recoveries(recoveries: list[Recovery]) -> None:
 
 
 def _requeue_jobs_of_deleted_node(engine: Engine, node: NodeInfo) -> None:
+    """Requeue the running jobs of the node's worker (every host's, on a slice)."""
     reason = deleted_node_reason(node.name)
     try:
-        outcomes = queue.requeue_jobs_of_worker(engine, node.worker_id, reason)
+        _remember_recoveries(requeue_jobs_of_node(engine, node.name, "DELETING", reason))
     except DatabaseError as exc:
-        st.error(f"The jobs of worker {node.worker_id} could not be requeued: {exc}")
-        return
-    if outcomes:
-        _remember_recoveries([Recovery(node.name, "DELETING", node.worker_id, outcomes)])
+        st.error(plain(f"The jobs of the workers of {node.name} could not be requeued: {exc}"))
+
+
+def _requeue_jobs_of_deleted_slice(engine: Engine, queued: QueuedResourceInfo) -> None:
+    try:
+        _remember_recoveries(requeue_jobs_of_deleted_slice(engine, queued))
+    except DatabaseError as exc:
+        st.error(plain(f"The jobs of the workers of {queued.name} could not be requeued: {exc}"))
 
 
 # --- long-running operations ----------------------------------------------------------------
@@ -276,6 +296,7 @@ def _node_rows(nodes: list[NodeInfo], workers: dict[str, Any]) -> list[dict[str,
             "Internal IP": ", ".join(node.internal_ips) or "—",
             "External IP": ", ".join(node.external_ips) or "—",
             "Pricing": node.pricing,
+            "Queued resource": node.queued_resource or "—",
             **_worker_columns(node, workers),
             "traindeck": node.is_traindeck,
         }
@@ -295,7 +316,12 @@ def _confirm(vms: TpuVms, engine: Engine, node: NodeInfo) -> None:
         "recreate": "The VM is deleted, then created again with the same settings and "
         "startup script; a job running on it goes back to the queue.",
     }[action]
-    st.warning(f"**{CONFIRM_WORDS[action]} TPU VM {node.name}?** {consequences}")
+    if action == "delete" and node.queued_resource:
+        consequences = (
+            f"It was created by the queued resource {plain(node.queued_resource)}, which is "
+            f"deleted with it. {consequences}"
+        )
+    st.warning(f"**{CONFIRM_WORDS[action]} TPU VM {plain(node.name)}?** {consequences}")
     yes, no = st.columns(2)
     if no.button("Cancel", key="tpu_confirm_no"):
         del st.session_state[CONFIRM_KEY]
@@ -308,6 +334,10 @@ def _confirm(vms: TpuVms, engine: Engine, node: NodeInfo) -> None:
     try:
         if action == "stop":
             _remember_operation(vms.stop_node(node.name))
+        elif action == "delete" and node.queued_resource:
+            # A queued resource's node goes with its queued resource (force: node first).
+            _remember_operation(QueuedResources(vms).delete(node.queued_resource))
+            _requeue_jobs_of_deleted_node(engine, node)
         elif action == "delete":
             _remember_operation(vms.delete_node(node.name))
             _requeue_jobs_of_deleted_node(engine, node)
@@ -346,8 +376,9 @@ def _node_actions(vms: TpuVms, engine: Engine, nodes: list[NodeInfo]) -> None:
     if recreate.button(
         "Recreate…",
         key="tpu_recreate",
-        disabled=not node.is_lost,
-        help="Delete this preempted or terminated node and create it again, same settings.",
+        disabled=not node.is_lost or bool(node.queued_resource),
+        help="Delete this preempted or terminated node and create it again, same settings "
+        "(not a queued resource's node: delete its queued resource and request it again).",
     ):
         st.session_state[CONFIRM_KEY] = {"action": "recreate", "node": node.name}
     _confirm(vms, engine, node)
@@ -397,10 +428,121 @@ def nodes_section(vms: TpuVms, engine: Engine) -> None:
     show()
 
 
+# --- queued resources -----------------------------------------------------------------------
+
+
+def _queued_rows(
+    found: list[QueuedResourceInfo], shapes: dict[str, AcceleratorShape | None]
+) -> list[dict[str, Any]]:
+    rows = []
+    for queued in found:
+        shape = shapes.get(queued.accelerator_type)
+        multi_host = shape is not None and not shape.single_host
+        rows.append(
+            {
+                "Name": queued.name,
+                "Accelerator": queued.accelerator_type,
+                "Hosts": shape.hosts if shape is not None else None,
+                "Tier": queued.tier,
+                "State": queued.state_words,
+                "TPU VM": ", ".join(queued.node_names) or "—",
+                "Created": queued.created_at,
+                "Note": EXPERIMENTAL_SLICE if multi_host else "",
+            }
+        )
+    return rows
+
+
+def _queued_notes(found: list[QueuedResourceInfo]) -> None:
+    for queued in found:
+        if queued.is_lost:
+            st.warning(
+                plain(
+                    f"Queued resource {queued.name} is {queued.state_words}: the jobs of its "
+                    "workers went back to the queue. Delete it, and request it again."
+                ),
+                icon=":material/warning:",
+            )
+        elif queued.is_waiting:
+            st.info(
+                plain(
+                    f"Queued resource {queued.name} is {queued.state_words}: its TPU VM is "
+                    "created once the zone has the capacity, which may take hours when demand "
+                    "is high."
+                ),
+                icon=":material/hourglass_top:",
+            )
+
+
+def _confirm_queued(
+    queued_resources: QueuedResources, engine: Engine, queued: QueuedResourceInfo
+) -> None:
+    pending = st.session_state.get(QUEUED_CONFIRM_KEY)
+    if pending != queued.name:
+        return
+    st.warning(
+        f"**Delete queued resource {plain(queued.name)}?** The request leaves Google's queue; "
+        "its TPU VMs, if any, are deleted with their disks, and a job running on them goes back "
+        "to the queue and resumes from its checkpoint on another worker."
+    )
+    yes, no = st.columns(2)
+    if no.button("Cancel", key="tpu_queued_confirm_no"):
+        del st.session_state[QUEUED_CONFIRM_KEY]
+        st.rerun()
+    if not yes.button(f"Yes, delete {queued.name}", key="tpu_queued_confirm_yes", type="primary"):
+        return
+    del st.session_state[QUEUED_CONFIRM_KEY]
+    try:
+        _remember_operation(queued_resources.delete(queued.name))
+    except TpuError as exc:
+        st.error(plain(exc))
+        return
+    _requeue_jobs_of_deleted_slice(engine, queued)
+    st.rerun()
+
+
+def queued_section(vms: TpuVms, engine: Engine) -> None:
+    @st.fragment(run_every=NODES_REFRESH_S)
+    def show() -> None:
+        st.subheader(f"Queued resources in {vms.project} / {vms.zone}")
+        queued_resources = QueuedResources(vms)
+        try:
+            found = queued_resources.list()
+        except TpuError as exc:
+            st.error(plain(exc))
+            return
+        try:
+            _remember_recoveries(recover_jobs_of_lost_slices(engine, found))
+        except DatabaseError as exc:
+            st.error(plain(f"The database could not be read or updated: {exc}"))
+        if not found:
+            st.caption(
+                "None. A multi-host slice is requested as a queued resource below; so is a "
+                "TPU VM with *Request as a queued resource* ticked."
+            )
+            return
+        shapes, _, _ = _zone_choices(vms)
+        st.dataframe(_queued_rows(found, shapes), hide_index=True)
+        _queued_notes(found)
+        by_name = {queued.name: queued for queued in found}
+        name = st.selectbox("Queued resource", list(by_name), key="tpu_selected_queued")
+        queued = by_name[name]
+        if st.button(
+            "Delete queued resource…",
+            key="tpu_queued_delete",
+            disabled=queued.state == "DELETING",
+            help="Deletes the request and its TPU VMs.",
+        ):
+            st.session_state[QUEUED_CONFIRM_KEY] = queued.name
+        _confirm_queued(queued_resources, engine, queued)
+
+    show()
+
+
 # --- creating a node ------------------------------------------------------------------------
 
 
-def _bootstrap_settings(name: str) -> BootstrapSettings:
+def _bootstrap_settings(name: str, hosts: int) -> BootstrapSettings:
     st.markdown("**The traindeck worker on the VM**")
     source, ref = st.columns([3, 1])
     source_url = source.text_input(
@@ -430,6 +572,7 @@ def _bootstrap_settings(name: str) -> BootstrapSettings:
         source_ref=source_ref.strip(),
         data_dir=data_dir.strip(),
         store_url=_shared_store(),
+        slice_hosts=hosts,
     )
 
 
@@ -456,7 +599,27 @@ def _storage_access(store_url: str) -> None:
     )
 
 
-def _machine_inputs(vms: TpuVms) -> tuple[dict[str, Any], str | None]:
+@dataclasses.dataclass(frozen=True)
+class _Choice:
+    """What the person chose in the create form."""
+
+    machine: dict[str, Any]
+    refusal: str | None  # why traindeck refuses the accelerator type; None: it does not
+    queued: bool  # requested as a queued resource
+    hosts: int  # the TPU VM hosts of the type (1 when unknown)
+
+
+def _slice_notice(shape: AcceleratorShape) -> str:
+    return (
+        f"{shape.type} is a multi-host slice ({shape.hosts} hosts, {shape.chips} chips in a "
+        f"{shape.topology} topology): it is requested as a queued resource, and its startup "
+        f"script starts a worker on every host. Experimental: not verified on a real slice. "
+        "The orchestration was tested here against a local fake of the Cloud TPU API only; "
+        "one job trained across the hosts of a real slice has never been seen."
+    )
+
+
+def _machine_inputs(vms: TpuVms) -> _Choice:
     """What the person chose, and why traindeck refuses the accelerator type (None if not)."""
     shapes, versions, problem = _zone_choices(vms)
     if problem:
@@ -470,12 +633,11 @@ def _machine_inputs(vms: TpuVms) -> tuple[dict[str, Any], str | None]:
         index=types.index("v4-8") if "v4-8" in types else 0,
         format_func=_type_label(shapes),
         key="tpu_new_type",
-        help="Single-host types only, for now: every host of a multi-host slice would have "
-        "to run the same program.",
+        help="A multi-host slice is requested as a queued resource, with a worker on every "
+        f"host ({EXPERIMENTAL_SLICE}).",
     )
-    refusal = accelerator_type_refusal(accelerator_type, vms.zone, shapes) if shapes else None
-    if refusal:
-        st.error(plain(refusal), icon=":material/block:")
+    shape = shapes.get(accelerator_type)
+    multi_host = shape is not None and not shape.single_host
     suggested = suggested_runtime_version(accelerator_type)
     if versions:
         runtime_version = runtime_column.selectbox(
@@ -488,14 +650,41 @@ def _machine_inputs(vms: TpuVms) -> tuple[dict[str, Any], str | None]:
         runtime_version = runtime_column.text_input(
             "Runtime version", value=suggested, key=f"tpu_new_runtime_{accelerator_type}"
         )
-    spot_column, ip_column = st.columns(2)
+    spot_column, queued_column, ip_column = st.columns(3)
     spot = spot_column.checkbox(
-        "Spot VM",
+        "Spot",
         value=True,
         key="tpu_new_spot",
-        help="Far cheaper, but Google may preempt it at any time: its job then goes back to "
-        "the queue and resumes from its checkpoint on another worker.",
+        help="Far cheaper, but Google may preempt it (or suspend a spot queued resource) at "
+        "any time: its job then goes back to the queue and resumes from its checkpoint on "
+        "another worker. Unticked: on demand.",
     )
+    queued_help = (
+        "The request waits in Google's queue until the zone has the capacity, then creates "
+        "the TPU VM; the list of queued resources shows where it stands."
+    )
+    if multi_host:
+        queued = queued_column.checkbox(
+            "Request as a queued resource",
+            value=True,
+            disabled=True,
+            key="tpu_new_queued_slice",
+            help=f"{queued_help} A multi-host slice is requested only this way.",
+        )
+    else:
+        queued = queued_column.checkbox(
+            "Request as a queued resource", value=False, key="tpu_new_queued", help=queued_help
+        )
+    if not shapes:
+        refusal = None
+    elif queued or multi_host:
+        refusal = queued_type_refusal(accelerator_type, vms.zone, shapes)
+    else:
+        refusal = accelerator_type_refusal(accelerator_type, vms.zone, shapes)
+    if refusal:
+        st.error(plain(refusal), icon=":material/block:")
+    elif multi_host:
+        st.warning(plain(_slice_notice(shape)), icon=":material/science:")
     external_ip = ip_column.checkbox(
         "External IP",
         value=True,
@@ -515,7 +704,8 @@ def _machine_inputs(vms: TpuVms) -> tuple[dict[str, Any], str | None]:
         "network": network.strip(),
         "subnetwork": subnetwork.strip(),
     }
-    return machine, refusal
+    hosts = shape.hosts if shape is not None else 1
+    return _Choice(machine, refusal, queued or multi_host, hosts)
 
 
 def _unmask(edited: str, preview: str, generated: str) -> str:
@@ -530,15 +720,15 @@ def _unmask(edited: str, preview: str, generated: str) -> str:
 def create_section(vms: TpuVms) -> None:
     @st.fragment
     def show() -> None:
-        st.subheader("Create a TPU VM")
-        machine, refusal = _machine_inputs(vms)
-        bootstrap = _bootstrap_settings(machine["name"])
+        st.subheader("Create a TPU VM or request a slice")
+        choice = _machine_inputs(vms)
+        bootstrap = _bootstrap_settings(choice.machine["name"], choice.hosts)
         problems = bootstrap.problems()
         script = ""
         if problems:
             st.info(
                 "The startup script is written once these are settled:\n\n- "
-                + "\n- ".join(problems)
+                + "\n- ".join(plain(problem) for problem in problems)
             )
         else:
             # Shown with the database password masked; the node gets it in full.
@@ -562,12 +752,16 @@ def create_section(vms: TpuVms) -> None:
                 "database URL included, is stored in the node's metadata: anyone who may view "
                 "the node can read it."
             )
-        disabled = bool(problems or refusal)
-        if st.button("Create", key="tpu_create", type="primary", disabled=disabled):
-            request = NodeRequest(startup_script=script, **machine)
+        disabled = bool(problems or choice.refusal)
+        label = "Request" if choice.queued else "Create"
+        if st.button(label, key="tpu_create", type="primary", disabled=disabled):
+            request = NodeRequest(startup_script=script, **choice.machine)
             try:
                 # Checks the accelerator type again, in the zone's current offer.
-                _remember_operation(vms.create_node(request))
+                if choice.queued:
+                    _remember_operation(QueuedResources(vms).create(SliceRequest(request)))
+                else:
+                    _remember_operation(vms.create_node(request))
             except TpuError as exc:
                 st.error(plain(exc))
                 return
@@ -614,6 +808,7 @@ def main() -> None:
 
     engine = get_engine()
     operations_section(vms)
+    queued_section(vms, engine)
     nodes_section(vms, engine)
     create_section(vms)
 

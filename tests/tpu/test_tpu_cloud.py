@@ -410,7 +410,8 @@ def test_a_multi_host_type_is_refused_with_its_host_count(
     assert str(caught.value) == (
         f"{accelerator_type} is a multi-host slice ({hosts} hosts, {chips} chips in a "
         f"{topology} topology); traindeck runs one job on one TPU VM host for now; pick a "
-        f"single-host type such as {instead}."
+        f"single-host type such as {instead}. A multi-host slice can be requested as a queued "
+        "resource instead (experimental: not verified on a real slice)."
     )
     assert fake_api.requests_of("POST") == [], "no create call"
     assert fake_api.nodes == {}
@@ -431,7 +432,7 @@ def test_a_type_the_zone_does_not_offer_is_refused(fake_api: FakeTpuApi, vms: Tp
         )
 
     fake_api.accelerator_types = {"v4-32": ("V4", "2x2x4")}
-    with pytest.raises(AcceleratorTypeRefused, match=f"{ZONE} offers no single-host type.$"):
+    with pytest.raises(AcceleratorTypeRefused, match=f"; {ZONE} offers no single-host type. "):
         vms.create_node(_request(accelerator_type="v4-32"))
     assert fake_api.requests_of("POST") == []
 
