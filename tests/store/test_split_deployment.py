@@ -3,11 +3,11 @@ and C, one Postgres queue, and a bucket (the real fake-gcs-server emulator, driv
 gcsfs). Each worker runs in its own mount namespace (`unshare -m`) in which the other
 machines' data folders are empty: a path that only one machine has is not there for another.
 
-A zip dataset added on A trains on B; B is killed (SIGKILL, as a preempted spot VM) once
-its second checkpoint is in the bucket, and its folder is deleted; C resumes the job from the
-bucket's checkpoint, with every metric point once; the dashboard's download on A serves the
-export with its SHA-256, and predict on A answers as on C. The same flow passes with the
-default local store on one machine.
+A zip dataset uploaded on A's Datasets page trains on B; B is killed (SIGKILL, as a preempted
+spot VM) once its second checkpoint is in the bucket, and its folder is deleted; C resumes the
+job from the bucket's checkpoint, with every metric point once; the dashboard's download on A
+serves the export with its SHA-256, and predict on A answers as on C. The same flow passes with
+the default local store on one machine.
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ from pathlib import Path
 import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
+from streamlit.testing.v1 import AppTest
 
 from common import store
 from db import queue, telemetry
 from db.artifacts import get_artifact
 from db.telemetry import count_metric_duplicates, metric_series
 from tests.support.images import zip_folder
+from tests.support.markdown import shown
 from tests.support.workers import (
     REPO,
     child_pids,
@@ -103,6 +105,17 @@ def _traindeck(data: Path, hide: list[Path], *args: str) -> subprocess.Completed
     return result
 
 
+def _upload_on_a(monkeypatch, data_a: Path, archive: Path) -> None:
+    """The Datasets page's zip upload (Streamlit's AppTest), in this process configured as A."""
+    monkeypatch.setenv("TRAINDECK_DATA", str(data_a))
+    page = AppTest.from_file(str(REPO / "dashboard" / "pages" / "datasets.py"), default_timeout=120)
+    page.run()
+    page.get("file_uploader")[0].set_value((archive.name, archive.read_bytes(), "application/zip"))
+    next(b for b in page.button if b.proto.form_id == "datasets.zip").click().run()
+    assert not page.exception and not page.error, [e.value for e in page.error]
+    assert any("registered 'mini'" in shown(message.value) for message in page.success)
+
+
 def _download_on_a(monkeypatch, data_a: Path, url: str, sha256: str) -> bytes:
     """The dashboard's download route, in this process configured as machine A."""
     from dashboard import auth, downloads
@@ -154,10 +167,10 @@ def test_a_preempted_worker_s_job_resumes_on_another_from_the_store(
         for machine in data
     }
 
-    # On A: a zip dataset, added as the Datasets page does, and a job on it.
+    # On A: a zip dataset uploaded through the Datasets page, and a job on it.
     images = digits_subset(tmp_path / "source", per_class=20)
-    archive = zip_folder(images, tmp_path / "digits.zip")
-    _traindeck(data["A"], hidden["A"], "dataset", "add", "mini", "--zip", str(archive))
+    archive = zip_folder(images, tmp_path / "mini.zip")  # the page names it by the zip
+    _upload_on_a(monkeypatch, data["A"], archive)
     job_id = queue.submit(engine, {**JOB, "dataset": "mini", "epochs": EPOCHS, "name": "split"})
 
     # B trains until its second checkpoint is in the store, then its VM is taken back.
