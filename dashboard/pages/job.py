@@ -16,9 +16,10 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from common import store
-from dashboard import actions, charts, diagnostics_view, xla
+from dashboard import actions, charts, diagnostics_view, labels_view, xla
 from dashboard.downloads import link_for
 from dashboard.format import between, duration, plain, size
+from dashboard.labels_view import LabelsOwner
 from dashboard.live import LiveJob
 from dashboard.nav import SWEEPS_PAGE
 from dashboard.results_view import render_results
@@ -31,7 +32,6 @@ from db.jobs_table import find_jobs, jobs_by_id, progress_fraction
 from db.labels import job_labels, set_labels
 from db.models import FINISHED_STATUSES, Job
 from db.queue import JobNotFound, get_job
-from db.spec import SpecError
 from db.telemetry import SYS, log_line_count, log_page
 
 REFRESH_S = 2
@@ -42,7 +42,6 @@ LOG_LINES_SHOWN = 300
 LOG_PAGE_KEY = "job.log_page"  # (job id, the id the page shown ends below: None for the newest)
 PICKER_ROWS = 50
 PICKED_KEY = "job.picked"  # the job the picker put in the address
-LABEL_PROBLEMS_KEY = "job.label_problems"
 
 
 def chosen_job_id() -> int | None:
@@ -132,48 +131,14 @@ def show_failure(job: Job) -> None:
 
 
 def labels_part(engine: Engine, job_id: int) -> None:
-    """The job's tags and note, and a form to edit them. The note is shown as the text it is
-    (`plain`): it is a person's Markdown source, and no link, image or HTML comes out of it."""
-    labels = job_labels(engine, job_id)
-    if labels.tags:
-        st.caption("Tags: " + plain(", ".join(labels.tags)))
-    if labels.note:
-        with st.container(border=True):
-            st.markdown(plain(labels.note))
-    keys = _label_keys(job_id)
-    st.session_state.setdefault(keys["tags"], ", ".join(labels.tags))
-    st.session_state.setdefault(keys["note"], labels.note)
-    problems = st.session_state.get(LABEL_PROBLEMS_KEY, {}).get(job_id, {})
-    expander = st.expander("Edit tags and note", expanded=bool(problems))
-    with expander, st.form(f"job.labels.{job_id}"):
-        st.text_input("Tags", help="Separated by commas.", key=keys["tags"])
-        if "tags" in problems:
-            st.error(plain(problems["tags"]), icon=":material/error:")
-        st.text_area("Note", help="Markdown source; shown as text.", key=keys["note"])
-        if "note" in problems:
-            st.error(plain(problems["note"]), icon=":material/error:")
-        st.form_submit_button("Save tags and note", on_click=save_labels, args=(engine, job_id))
-
-
-def _label_keys(job_id: int) -> dict[str, str]:
-    return {"tags": f"job.tags.{job_id}", "note": f"job.note.{job_id}"}
-
-
-def save_labels(engine: Engine, job_id: int) -> None:
-    keys = _label_keys(job_id)
-    changes = {field: st.session_state.get(key, "") for field, key in keys.items()}
-    st.session_state[LABEL_PROBLEMS_KEY] = {}
-    try:
-        labels = set_labels(engine, job_id, changes)
-    except SpecError as exc:
-        st.session_state[LABEL_PROBLEMS_KEY] = {job_id: exc.problems}
-        return
-    except JobNotFound:
-        actions.flash("error", f"Job #{job_id} no longer exists.")
-        return
-    st.session_state[keys["tags"]] = ", ".join(labels.tags)  # as stored: trimmed, each once
-    st.session_state[keys["note"]] = labels.note
-    actions.flash("success", "Saved the tags and the note.")
+    owner = LabelsOwner(
+        "job",
+        job_id,
+        save=lambda changes: set_labels(engine, job_id, dict(changes)),
+        gone=f"Job #{job_id} no longer exists.",
+        saved="Saved the tags and the note.",
+    )
+    labels_view.labels_part(owner, job_labels(engine, job_id))
 
 
 # --- tabs --------------------------------------------------------------------------------

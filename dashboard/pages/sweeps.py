@@ -9,16 +9,16 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import actions, charts, sweep_form
+from dashboard import actions, charts, labels_view, sweep_form
 from dashboard.format import number, plain
+from dashboard.labels_view import LabelsOwner
 from dashboard.nav import COMPARE_PAGE, JOB_PAGE
 from dashboard.state import get_engine
 from db import sweeps
 from db.engine import Engine
-from db.spec import SpecError
+from db.spec import Labels
 
 REFRESH_S = 5
-LABEL_PROBLEMS_KEY = "sweep.label_problems"
 
 
 def chosen_sweep(listed: list) -> int:
@@ -149,49 +149,16 @@ def sweep_view(sweep_id: int) -> None:
 
 
 def labels_part(engine: Engine, sweep_id: int) -> None:
-    """The sweep's tags and note, and a form to edit them; the note shown as the text it is."""
     sweep = sweeps.get_sweep(engine, sweep_id)
-    if sweep.tags:
-        st.caption("Tags: " + plain(", ".join(sweep.tags)))
-    if sweep.note:
-        with st.container(border=True):
-            st.markdown(plain(sweep.note))
-    keys = _label_keys(sweep_id)
-    st.session_state.setdefault(keys["tags"], ", ".join(sweep.tags))
-    st.session_state.setdefault(keys["note"], sweep.note)
-    problems = st.session_state.get(LABEL_PROBLEMS_KEY, {}).get(sweep_id, {})
-    with (
-        st.expander("Edit the sweep's tags and note", expanded=bool(problems)),
-        st.form(f"sweep.labels.{sweep_id}"),
-    ):
-        st.text_input("Tags", help="Separated by commas.", key=keys["tags"])
-        if "tags" in problems:
-            st.error(plain(problems["tags"]), icon=":material/error:")
-        st.text_area("Note", help="Markdown source; shown as text.", key=keys["note"])
-        if "note" in problems:
-            st.error(plain(problems["note"]), icon=":material/error:")
-        st.form_submit_button("Save tags and note", on_click=save_labels, args=(engine, sweep_id))
-
-
-def _label_keys(sweep_id: int) -> dict[str, str]:
-    return {"tags": f"sweep.tags.{sweep_id}", "note": f"sweep.note.{sweep_id}"}
-
-
-def save_labels(engine: Engine, sweep_id: int) -> None:
-    keys = _label_keys(sweep_id)
-    changes = {field: st.session_state.get(key, "") for field, key in keys.items()}
-    st.session_state[LABEL_PROBLEMS_KEY] = {}
-    try:
-        labels = sweeps.set_labels(engine, sweep_id, changes)
-    except SpecError as exc:
-        st.session_state[LABEL_PROBLEMS_KEY] = {sweep_id: exc.problems}
-        return
-    except sweeps.SweepNotFound:
-        actions.flash("error", f"Sweep #{sweep_id} no longer exists.")
-        return
-    st.session_state[keys["tags"]] = ", ".join(labels.tags)  # as stored: trimmed, each once
-    st.session_state[keys["note"]] = labels.note
-    actions.flash("success", "Saved the sweep's tags and note.")
+    owner = LabelsOwner(
+        "sweep",
+        sweep_id,
+        save=lambda changes: sweeps.set_labels(engine, sweep_id, changes),
+        gone=f"Sweep #{sweep_id} no longer exists.",
+        saved="Saved the sweep's tags and note.",
+        edit_label="Edit the sweep's tags and note",
+    )
+    labels_view.labels_part(owner, Labels(tags=sweep.tags, note=sweep.note))
 
 
 st.title("Sweeps")
