@@ -69,6 +69,11 @@ def alert_retention_days() -> float:
     return settings().alert_retention_days
 
 
+def loader_workers() -> int | None:
+    """DataLoader worker processes a job uses when the worker's setting says; else None."""
+    return settings().loader_workers
+
+
 def checkpoint_interval_s() -> float:
     """Seconds between two checkpoint writes of a job (its spec may say otherwise)."""
     return settings().checkpoint_interval_s

@@ -128,6 +128,15 @@ class Settings(BaseSettings):
         le=MAX_SECONDS,
         allow_inf_nan=False,
     )
+    # DataLoader worker processes of a job; unset: none under 5,000 images, else one per spare
+    # CPU core (worker.data.loader_workers).
+    loader_workers: int | None = _setting(
+        None,
+        "TRAINDECK_LOADER_WORKERS",
+        "a whole number of DataLoader worker processes, 0 to 64",
+        ge=0,
+        le=64,
+    )
     # On XLA a job process whose job succeeded may serve the next job with the same graphs,
     # so XLA's in-memory cache spares it the compiles (worker.job_channel); 1: never.
     jobs_per_process: int = _setting(

@@ -29,9 +29,10 @@ def input_wait_sentence(epoch: int, share: float) -> tuple[bool, str]:
         return True, (
             f"Input-bound: {share:.0%} of each step waits for data (epoch {epoch + 1}): the "
             "host cannot load images as fast as the device trains on them. What helps: more "
-            "DataLoader workers (a worker starts one per spare CPU core, so a machine with more "
-            "cores), a smaller img_size, or a lighter item_tfms (images stored near the size "
-            "trained on, so that each resize does less)."
+            "DataLoader workers (the worker's TRAINDECK_LOADER_WORKERS setting; by default a "
+            "dataset under 5,000 images gets none and a larger one one per spare CPU core), a "
+            "smaller img_size, or a lighter item_tfms (images stored near the size trained "
+            "on, so that each resize does less)."
         )
     return False, (
         f"Input keeps up: {share:.0%} of each step waited for data in epoch {epoch + 1}."

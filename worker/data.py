@@ -25,6 +25,7 @@ from fastai.vision.augment import Normalize, Resize, aug_transforms
 from fastai.vision.core import PILImage, imagenet_stats
 from fasttransform.cast import explode_types
 
+from common import config
 from common.cpus import usable_cpus
 from common.memory import release_freed_memory
 from datasets.builtin import ensure_digits
@@ -95,9 +96,13 @@ def random_split(count: int, valid_pct: float, seed: int) -> tuple[np.ndarray, n
 
 
 def loader_workers(item_count: int, cpus: int | None = None) -> int:
-    """DataLoader worker processes: none for small sets (start-up costs more than it saves;
-    on XLA the prefetch thread loads them), else one per spare CPU, leaving one for the
-    training loop, at most MAX_LOADER_WORKERS."""
+    """DataLoader worker processes: the worker's TRAINDECK_LOADER_WORKERS when set; else none
+    for small sets (start-up costs more than it saves; on XLA the prefetch thread loads
+    them), else one per spare CPU, leaving one for the training loop, at most
+    MAX_LOADER_WORKERS."""
+    chosen = config.loader_workers()
+    if chosen is not None:
+        return chosen
     if item_count < SMALL_DATASET_ITEMS:
         return 0
     return max(0, min(MAX_LOADER_WORKERS, (cpus or usable_cpus()) - 1))
@@ -190,13 +195,15 @@ def build_dataloaders(
     dsets = Datasets(ordered, tfms, splits=parts, do_setup=False)
     sample = (_blank_png(), table.label(0))
     _set_up(dsets, sample)
+    workers = loader_workers(count)
+    log.info("%d DataLoader worker process(es) load the images (TRAINDECK_LOADER_WORKERS)", workers)
     train = TfmdDL(
         dsets.subset(0),
         bs=spec.bs,
         shuffle=True,
         drop_last=True,
         device=device,
-        num_workers=loader_workers(count),
+        num_workers=workers,
         after_item=[Resize(spec.img_size), ToTensor()],
         after_batch=[IntToFloatTensor(), *batch_tfms, Normalize.from_stats(*imagenet_stats)],
     )

@@ -55,8 +55,8 @@ def input_bound_warning(epoch: int, waited_s: float, pass_s: float) -> str | Non
     return (
         f"input-bound: training waited for its input {waited_s / pass_s:.0%} of epoch "
         f"{epoch + 1} ({waited_s:.1f} s of {pass_s:.1f} s): loading the images on the host "
-        "cannot keep up with the device (more DataLoader workers, smaller images or a lighter "
-        "item_tfms help)"
+        "cannot keep up with the device (more DataLoader workers with the worker's "
+        "TRAINDECK_LOADER_WORKERS, smaller images or a lighter item_tfms help)"
     )
 
 

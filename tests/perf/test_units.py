@@ -93,6 +93,13 @@ def test_loader_workers_follow_the_cpus_this_process_may_use():
     assert loader_workers(50_000) == loader_workers(50_000, cpus=usable_cpus())
 
 
+def test_the_worker_s_setting_chooses_the_loader_workers(monkeypatch):
+    monkeypatch.setenv("TRAINDECK_LOADER_WORKERS", "3")
+    assert loader_workers(1_000, cpus=96) == 3  # a small set too, when the person says so
+    monkeypatch.setenv("TRAINDECK_LOADER_WORKERS", "0")
+    assert loader_workers(50_000, cpus=8) == 0
+
+
 # --- the prefetcher -------------------------------------------------------------------------
 
 
