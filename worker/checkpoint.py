@@ -103,8 +103,8 @@ def write_checkpoint(job_dir: Path, state: dict[str, Any]) -> Path:
 
 class CheckpointWriter:
     """Keeps each epoch's state and writes it as the job's checkpoint, at most every
-    `interval_s` seconds (and always at the last epoch), on a background thread when
-    `background` is set.
+    `interval_s` seconds (and whenever `save` is told it is the `last`), on a background
+    thread when `background` is set.
 
     At every epoch's end the state is copied to the host and kept in memory; it is written
     only once `interval_s` has passed since the last write (or since training began), so a

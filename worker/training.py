@@ -409,9 +409,14 @@ def run(ctx: TrainingContext) -> Path:
         if report_to_sweep(ctx, learn, epoch, epoch + 1 == clock.total_epochs):
             ctx.pruned_at = epoch
         stopping = best.stopped_at is not None or ctx.pruned_at is not None
-        last = epoch + 1 == clock.total_epochs or stopping
+        # The end of training writes a checkpoint only when a succeeded job keeps one: else it
+        # would be deleted right after the export, and a stop or failure before the export
+        # is done still writes the state kept in memory (below).
+        final = (epoch + 1 == clock.total_epochs or stopping) and store.keep_final_checkpoint()
         spec_json = spec.model_dump(mode="json")
-        checkpoints.save(learn, epoch=epoch, lr=lr, spec=spec_json, last=last, tracker=best.state())
+        checkpoints.save(
+            learn, epoch=epoch, lr=lr, spec=spec_json, last=final, tracker=best.state()
+        )
         if stopping:
             raise CancelFitException()  # fastai's way to end a fit, once the checkpoint is kept
 
@@ -430,24 +435,24 @@ def run(ctx: TrainingContext) -> Path:
             _fit_phases(learn, spec, lr, resume_from, clock, epoch_end, divergence, ended, ctx.stop)
         finally:
             profiler.close()
-        checkpoints.wait()  # the last epoch's checkpoint is on disk, or its failure is raised
+        checkpoints.wait()  # the checkpoint in flight is on disk, or its failure is raised
         if ctx.pruned_at is not None:
             raise prune(ctx, learn)
+        ctx.kept_epoch = keep_epoch(learn, best)
+        export = export_model(learn, ctx.job_dir)
+        if ctx.stop.is_set():
+            export.unlink(missing_ok=True)
+            raise StopRequested()
+        published = publish(ctx, "export", export)
     except BaseException:
-        # Stopped or failed: the write in flight still lands, so a requeued job resumes from
-        # the newest checkpoint; its own failure would only hide the reason being raised.
+        # Stopped or failed, training or exporting: the write in flight still lands and the
+        # newest epoch's state kept in memory is written, so a requeued job resumes from it;
+        # their own failure would only hide the reason being raised.
         with contextlib.suppress(Exception):
-            checkpoints.flush()  # the newest epoch's state kept in memory, if not yet written
+            checkpoints.flush()
         uploads.wait(timeout=UPLOAD_WAIT_ON_STOP_S)
         uploads.close()
         raise
-    ctx.kept_epoch = keep_epoch(learn, best)
-    export = export_model(learn, ctx.job_dir)
-    if ctx.stop.is_set():
-        export.unlink(missing_ok=True)
-        uploads.close()
-        raise StopRequested()
-    published = publish(ctx, "export", export)
     _finish_checkpoints(ctx, uploads)
     log.info("exported the model to %s", published.path)
     record_results(ctx, learn)

@@ -353,6 +353,24 @@ def test_cancel_during_export(engine, database_url, digits_dataset):
 # --- checkpoints written at most every interval ---------------------------------------------
 
 
+def _sigterm_at(armed: str, while_stopped: Callable[[], None]) -> str:
+    """A worker whose job process stops at the failpoint `armed`; there `while_stopped` runs,
+    then the worker gets SIGTERM and the job process goes on to see its stop. The output."""
+    worker = start_worker(TRAINDECK_HEARTBEAT_INTERVAL="0.5", TRAINDECK_FAILPOINTS=armed)
+    try:
+        child = _only_child(worker)
+        wait_until_stopped_at(child, armed, lambda: output_tail(worker))
+        while_stopped()
+        worker.send_signal(signal.SIGTERM)
+        wait_for(lambda: _sigterm_pending(child), 60, "the supervisor's stop signal")
+        os.kill(child, signal.SIGCONT)
+        output, _ = worker.communicate(timeout=300)
+    finally:
+        worker.kill()
+    assert worker.returncode == 0, output[-3000:]
+    return output
+
+
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_stop_writes_the_epoch_kept_in_memory_and_the_job_resumes_from_it(
     engine, database_url, digits_dataset
@@ -361,19 +379,11 @@ def test_a_stop_writes_the_epoch_kept_in_memory_and_the_job_resumes_from_it(
     in epoch 2 writes epoch 1's state kept in memory, and the next attempt resumes from it."""
     spec = {**SMALL_JOB, "dataset": digits_dataset(), "epochs": 3, "checkpoint_interval": 3600}
     job_id = queue.submit(engine, spec)
-    armed = f"{failpoints.VALIDATION_STARTED}@2"
-    worker = start_worker(TRAINDECK_HEARTBEAT_INTERVAL="0.5", TRAINDECK_FAILPOINTS=armed)
-    try:
-        child = _only_child(worker)
-        wait_until_stopped_at(child, armed, lambda: output_tail(worker))
+
+    def not_yet_written() -> None:
         assert not checkpoint_path(job_dir(job_id)).exists(), "within the interval: not written"
-        worker.send_signal(signal.SIGTERM)
-        wait_for(lambda: _sigterm_pending(child), 60, "the supervisor's stop signal")
-        os.kill(child, signal.SIGCONT)
-        output, _ = worker.communicate(timeout=300)
-    finally:
-        worker.kill()
-    assert worker.returncode == 0, output[-3000:]
+
+    output = _sigterm_at(f"{failpoints.VALIDATION_STARTED}@2", not_yet_written)
     assert queue.get_job(engine, job_id).status == "queued"
     assert checkpoint_path(job_dir(job_id)).exists(), output[-3000:]
     state = torch.load(checkpoint_path(job_dir(job_id)), map_location="cpu", weights_only=False)
@@ -385,3 +395,33 @@ def test_a_stop_writes_the_epoch_kept_in_memory_and_the_job_resumes_from_it(
     messages = _messages(engine, job_id)
     assert any(m.startswith("resumed from the checkpoint after epoch 1 ") for m in messages)
     _assert_every_point_once(engine, job_id, epochs=3)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_stop_during_the_export_writes_the_last_epoch_and_the_job_resumes_at_the_export(
+    engine, database_url, digits_dataset
+):
+    """The end of training writes no checkpoint (a succeeded job would delete it at once); a
+    graceful shutdown while the model is exported writes the last epoch's state kept in
+    memory, and the next attempt goes straight to the export without training again."""
+    spec = {**SMALL_JOB, "dataset": digits_dataset(), "epochs": 1, "checkpoint_interval": 3600}
+    job_id = queue.submit(engine, spec)
+
+    def none_written() -> None:
+        assert not checkpoint_path(job_dir(job_id)).exists(), "the end of training wrote none"
+
+    output = _sigterm_at(failpoints.EXPORT_TMP_WRITTEN, none_written)
+    assert queue.get_job(engine, job_id).status == "queued"
+    assert checkpoint_path(job_dir(job_id)).exists(), output[-3000:]
+    state = torch.load(checkpoint_path(job_dir(job_id)), map_location="cpu", weights_only=False)
+    assert state["epoch"] == 0, "the last epoch's state, kept in memory, written at the stop"
+
+    result = run_worker("--once")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert queue.get_job(engine, job_id).status == "succeeded"
+    assert any(
+        m.startswith("resumed from the checkpoint after epoch 1 ")
+        for m in _messages(engine, job_id)
+    )
+    _assert_every_point_once(engine, job_id, epochs=1)
+    assert get_artifact(engine, job_id, "export") is not None
