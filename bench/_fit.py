@@ -67,7 +67,8 @@ def instrument_like_worker(
     wait for input (`worker.input_wait`), the profile requests' look-ups (`worker.profiling`:
     at every epoch's start and from a thread every 2 s; none is asked for here), the worker's
     checkpoints (unless `checkpoints` is off): each epoch's state kept, written in the background
-    on XLA once the job's checkpoint interval has passed and after the last epoch, or after
+    on XLA once the job's checkpoint interval has passed (after the last epoch only with
+    TRAINDECK_KEEP_CHECKPOINTS, as the worker decides), or after
     every epoch when `interval_policy` is off; and on XLA the metrics
     report; and what the job process adds around it, the system-metrics sampler
     (every TRAINDECK_SYSTEM_METRICS_INTERVAL seconds, from the fit's start to its end). The
@@ -76,6 +77,7 @@ def instrument_like_worker(
     to the store). Returns the telemetry writer to close."""
     from fastai.callback.core import Callback
 
+    from common import store
     from db import queue
     from worker.callbacks import (
         EpochEndCallback,
@@ -99,7 +101,7 @@ def instrument_like_worker(
     job_dir.mkdir(parents=True)  # as the worker's job process does
 
     # As the worker decides: in the background on an accelerator, at most every
-    # checkpoint_interval_s (and at the last epoch); then handed to the uploader.
+    # checkpoint_interval_s; then handed to the uploader.
     checkpoint_writer = CheckpointWriter(
         job_dir,
         background=xla,
@@ -108,7 +110,7 @@ def instrument_like_worker(
     )
 
     def checkpoint(epoch: int) -> None:
-        last = epoch + 1 == epochs
+        last = epoch + 1 == epochs and store.keep_final_checkpoint()  # as the worker decides
         spec_json = spec.model_dump(mode="json")
         checkpoint_writer.save(learn, epoch=epoch, lr=1e-2, spec=spec_json, last=last)
 
@@ -193,3 +195,41 @@ def tree_cpu_seconds() -> float:
         tree.update(children)
         frontier.extend(children)
     return sum(ticks[pid][1] for pid in tree if pid in ticks) / os.sysconf("SC_CLK_TCK")
+
+
+def threads_cpu_seconds(names: tuple[str, ...]) -> dict[str, float]:
+    """CPU seconds so far of this process's Python threads named in `names` (summed by name)."""
+    import psutil
+
+    named = {thread.native_id: thread.name for thread in threading.enumerate()}
+    found = dict.fromkeys(names, 0.0)
+    for thread in psutil.Process().threads():
+        name = named.get(thread.id)
+        if name in found:
+            found[name] += thread.user_time + thread.system_time
+    return found
+
+
+def time_callbacks(learn: Any, totals: dict[str, float], package: str = "worker.") -> None:
+    """Add to `totals[ClassName]` the training thread's CPU seconds (time.thread_time) spent in
+    each of `learn`'s callbacks defined under `package`: what traindeck itself costs the loop,
+    apart from the noise of other processes on the machine."""
+    import time
+
+    for callback in learn.cbs:
+        cls = type(callback)
+        if not cls.__module__.startswith(package):
+            continue
+        totals.setdefault(cls.__name__, 0.0)
+
+        def timed_call(self: Any, event_name: str, _call: Any = cls.__call__) -> Any:
+            started = time.thread_time()
+            try:
+                return _call(self, event_name)
+            finally:
+                totals[type(self).__name__] += time.thread_time() - started
+
+        # Past fastai's Callback.__setattr__, which would warn of a shadowed attribute.
+        object.__setattr__(
+            callback, "__class__", type(cls.__name__, (cls,), {"__call__": timed_call})
+        )

@@ -11,7 +11,7 @@ epochs; they alternate A, B, A, B… in one process so that the machine's noise 
   B  traindeck: per-batch loss and lr, per-epoch metrics, progress, the background writer
      flushing to a real SQLite database, the stop check, the worker's checkpoint policy
      (each epoch's state copied to the host, written every TRAINDECK_CHECKPOINT_INTERVAL
-     seconds and after the last epoch), and on
+     seconds; after the last epoch only with TRAINDECK_KEEP_CHECKPOINTS), and on
      XLA the metrics report every epoch, with the loss and metrics kept on the device and
      read every TRAINDECK_XLA_READ_EVERY (N) steps (`worker.device_values`), and the
      system-metrics sampler every TRAINDECK_SYSTEM_METRICS_INTERVAL seconds
@@ -30,7 +30,13 @@ import statistics
 import time
 from typing import Any
 
-from bench._fit import check_fit_finished, instrument_like_worker, prepare_digits_fit
+from bench._fit import (
+    check_fit_finished,
+    instrument_like_worker,
+    prepare_digits_fit,
+    threads_cpu_seconds,
+    time_callbacks,
+)
 from common.entry import run_main
 
 
@@ -87,6 +93,39 @@ def phase_counts() -> Any:
     return PhaseCounts()
 
 
+# traindeck's own threads in the job process (the checkpoint writer runs on XLA only).
+SIDE_THREADS = ("telemetry-writer", "system-metrics", "profile-requests", "checkpoint-writer")
+
+
+def side_threads_at_fit_end(into: dict[str, float]) -> Any:
+    """A callback adding the CPU seconds of traindeck's threads, read when the fit ends and
+    before any callback stops them (the sampler's and the profile look-ups' threads end then)."""
+    from fastai.callback.core import Callback
+
+    class SideThreads(Callback):
+        order = -1000  # first at after_fit
+
+        def before_fit(self) -> None:
+            self.start = threads_cpu_seconds(SIDE_THREADS)
+
+        def after_fit(self) -> None:
+            for name, seconds in threads_cpu_seconds(SIDE_THREADS).items():
+                into[name] = into.get(name, 0.0) + seconds - self.start.get(name, 0.0)
+
+    return SideThreads()
+
+
+def print_breakdown(costs: dict[str, float], fit_cpu_seconds: float, fits: int) -> None:
+    """What the instrumented arm's own code cost, per fit, as a share of its fit's CPU time."""
+    print(f"traindeck's own CPU time per fit (its callbacks on the training thread, its threads; "
+          f"{fit_cpu_seconds / fits:.2f} CPU-s a fit):")  # fmt: skip
+    for name, seconds in sorted(costs.items(), key=lambda item: -item[1]):
+        print(f"  {name:<26} {seconds / fits * 1000:8.1f} ms  "
+              f"{seconds / fit_cpu_seconds:6.2%}")  # fmt: skip
+    total = sum(costs.values())
+    print(f"  {'all of them':<26} {total / fits * 1000:8.1f} ms  {total / fit_cpu_seconds:6.2%}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -129,6 +168,9 @@ def main() -> None:
             writer = instrument_like_worker(
                 learn, engine, spec, folder, label, args.epochs, args.xla
             )
+            if round_index >= 0:
+                time_callbacks(learn, costs)
+                learn.add_cb(side_threads_at_fit_end(costs))
         if args.xla:
             from bench.xla_limit import settle_between_fits
 
@@ -138,6 +180,8 @@ def main() -> None:
         started, cpu_started = time.perf_counter(), time.process_time()
         learn.fit_one_cycle(args.epochs, 1e-2)
         elapsed, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+        if instrumented and round_index >= 0:
+            instrumented_cpu.append(cpu_seconds)
         after = _counters() if args.xla else (0, 0)
         if writer is not None:
             writer.close()
@@ -162,6 +206,8 @@ def main() -> None:
             (_compiles() if args.xla else 0) - compiles_before,
         )
 
+    costs: dict[str, float] = {}  # the instrumented rounds' CPU seconds, by callback or thread
+    instrumented_cpu: list[float] = []
     for instrumented in (False, True):  # warm-up: first-touch costs and on XLA the compiles
         run(instrumented, -1)  # (the arms' validation graphs differ) hit neither arm's rounds
     results: dict[bool, list[tuple[float, ...]]] = {False: [], True: []}
@@ -184,6 +230,7 @@ def main() -> None:
         f"ratio traindeck/plain {traced / plain:.3f} wall-clock, {traced_cpu / plain_cpu:.3f} "
         "per CPU-second (target ≥ 0.98; on a shared machine the CPU-time ratio is the steadier)"
     )
+    print_breakdown(costs, sum(instrumented_cpu), len(instrumented_cpu))
     if args.xla:
         print(f"device→host transfers / graph executions (torch_xla's metrics), "
               f"{len(dls.train)} training steps and {len(dls.valid)} validation batches an "

@@ -23,7 +23,7 @@ the rounds of each round's ratio to plain fastai, after an untimed warm-up round
   traindeck+checkpoints  traindeck as the worker runs it, with its default checkpoint policy:
                 each epoch's state copied to the host, written (model and optimizer, fsynced)
                 once TRAINDECK_CHECKPOINT_INTERVAL has passed since the last write and after
-                the last epoch, which no peer does
+                the last epoch when TRAINDECK_KEEP_CHECKPOINTS keeps it; no peer checkpoints
 Each line: the name, images/s (wall clock), images per CPU-second (this process and every
 process it started, such as wandb's service), the CPU-time ratio to plain fastai, and last the
 wall-clock ratio to plain fastai. Nothing leaves the machine: wandb is offline, MLflow writes

@@ -2,7 +2,7 @@
 local store, and a download through the dashboard's route against reading the object directly.
 
     .venv/bin/python -m bench.store [--rounds 3] [--epochs 2] [--img-size 16] [--mb 100]
-        [--parts fit,download] [--emulator-nice 0]
+        [--parts fit,download] [--emulator-nice 0] [--split-cores]
 
 The bucket is the Cloud Storage emulator (fake-gcs-server, tests/support/gcs.py) on loopback,
 reached through gcsfs as a real bucket is. One interleaved run: every round runs each arm once,
@@ -16,7 +16,10 @@ so that the machine's noise hits them alike.
             time the last upload took after the fit ended is printed beside it, and the CPU
             seconds spent during a fit by the uploader's thread, gcsfs's I/O thread and the
             emulator. The emulator shares this machine's cores with the training, which a
-            bucket does not: --emulator-nice runs it at a lower priority (said in the output).
+            bucket does not: --emulator-nice runs it at a lower priority (said in the output);
+            --split-cores runs this process (the fit, its uploader and gcsfs's threads) on
+            the first CPU only and the emulator on the others, in both arms, as a bucket
+            elsewhere leaves the training machine's cores to it.
   download  an object of --mb megabytes in the bucket, read through the dashboard's download
             route (dashboard.downloads.routes() served by uvicorn on 127.0.0.1 in a process of
             its own, as the dashboard is, and read over HTTP in 1 MB reads by this process, as
@@ -38,7 +41,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script (make bench), the repository is not on the path
 
-from bench._fit import check_fit_finished, instrument_like_worker, prepare_digits_fit  # noqa: E402
+from bench._fit import (  # noqa: E402
+    check_fit_finished,
+    instrument_like_worker,
+    prepare_digits_fit,
+    threads_cpu_seconds,
+)
 from common.entry import run_main  # noqa: E402
 
 BUCKET = "traindeck-bench"
@@ -112,6 +119,13 @@ def _serve_downloads(url: str, sha256: str) -> tuple[subprocess.Popen, str, int]
             time.sleep(0.05)
 
 
+def _pin(pid: int, cpus: list[int]) -> None:
+    """Every thread of process `pid` on `cpus` (an affinity is a thread's own; the threads
+    they start later inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
+
+
 def _cpu_seconds(process: Any) -> float:
     times = process.cpu_times()
     return times.user + times.system
@@ -152,8 +166,16 @@ def main() -> None:
         default=0,
         help="run the bucket's emulator at this niceness (a real bucket's CPU is elsewhere)",
     )
+    parser.add_argument(
+        "--split-cores",
+        action="store_true",
+        help="this process on the first CPU, the emulator on the others (a remote bucket)",
+    )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.split_cores and len(cpus) < 2:
+        raise SystemExit("--split-cores needs at least 2 CPUs")
 
     bench = prepare_digits_fit("traindeck-store-", args.epochs, args.img_size, args.bs, False)
     folder, engine, spec, setup = bench.folder, bench.engine, bench.spec, bench.setup
@@ -180,17 +202,18 @@ def main() -> None:
     emulator_process = psutil.Process(emulator.process.pid)
     if args.emulator_nice:
         emulator_process.nice(args.emulator_nice)
+    if args.split_cores:
+        import torch
+
+        torch.set_num_threads(1)
+        _pin(os.getpid(), cpus[:1])
+        _pin(emulator.process.pid, cpus[1:])
+        print(f"this process runs on CPU {cpus[0]} (one torch thread), the emulator on CPUs "
+              f"{', '.join(map(str, cpus[1:]))}")  # fmt: skip
     spent_in_fits: dict[bool, dict[str, list[float]]] = {False: {}, True: {}}
 
     def thread_cpu() -> dict[str, float]:
-        """CPU seconds so far of this process's threads named in `uploader_threads`."""
-        named = {thread.native_id: thread.name for thread in threading.enumerate()}
-        found = dict.fromkeys(uploader_threads, 0.0)
-        for thread in psutil.Process().threads():
-            name = named.get(thread.id)
-            if name in found:
-                found[name] += thread.user_time + thread.system_time
-        return found
+        return threads_cpu_seconds(uploader_threads)
 
     def fit(bucket: bool) -> tuple[float, float]:
         """(seconds the fit took, seconds its last upload took after the fit); the CPU the
