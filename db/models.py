@@ -89,6 +89,11 @@ class Job(Base):
     # A sweep's trial: its sweep and Optuna's trial number (db.sweeps); None for other jobs.
     sweep_id: Mapped[int | None] = mapped_column(Integer)
     trial_number: Mapped[int | None] = mapped_column(Integer)
+    # The TPU VM hosts the job runs on at once (its spec's `hosts`): 1, or every host of one
+    # multi-host pod slice, whose hosts' workers run it together (db.gang).
+    hosts: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # The slice of the current (or last) attempt of a multi-host job; None for other jobs.
+    slice_name: Mapped[str | None] = mapped_column(String(200))
 
     __table_args__ = (
         # ix_jobs_claim follows the class: it names a column's order.
@@ -104,6 +109,35 @@ class Job(Base):
 # The index is in that very order, so a claim reads its first entry instead of sorting every
 # queued row; the Jobs page pages through the queue in run order along it too.
 Index("ix_jobs_claim", Job.status, Job.priority.desc(), Job.id)
+
+
+# What a host of a multi-host job's attempt does (db.gang): `joined` (its worker runs the job's
+# process), `done` (the process ended well, or was told to), `failed` (the process reported an
+# error: the job fails with it), `died` (killed, crashed or hung: the job is requeued whole),
+# `left` (its worker was shut down: the job goes back to the queue without spending an attempt).
+HOST_STATES = ("joined", "done", "failed", "died", "left")
+
+
+class JobHost(Base):
+    """One host of one attempt of a multi-host job (db.gang): its worker, its heartbeat, when
+    its job process reached the start barrier, and how far that process has trained."""
+
+    __tablename__ = "job_hosts"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    # The attempt: the job's lease when the slice's host 0 claimed it.
+    lease: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host: Mapped[int] = mapped_column(Integer, primary_key=True)
+    worker_id: Mapped[str] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(16), default="joined")
+    joined_at: Mapped[datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Its job process is at the start barrier; nobody trains until every host's is.
+    ready_at: Mapped[datetime | None]
+    # The last time its training step moved on (the progress watchdog's clock).
+    progress_at: Mapped[datetime | None]
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    reason: Mapped[str | None] = mapped_column(Text)
 
 
 class JobTag(Base):

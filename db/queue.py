@@ -140,6 +140,7 @@ def insert_job(connection: Any, spec: JobSpec, **columns: Any) -> int:
             priority=spec.priority,
             max_attempts=spec.max_attempts,
             total_epochs=spec.epochs,
+            hosts=spec.hosts,
             created_at=utcnow(),
             **columns,
         )
@@ -154,8 +155,14 @@ def insert_job(connection: Any, spec: JobSpec, **columns: Any) -> int:
 # --- claim and run --------------------------------------------------------------------------
 
 
-def claim(engine: Engine, worker_id: str) -> ClaimedJob | None:
+def claim(
+    engine: Engine, worker_id: str, *, slice_name: str | None = None, hosts: int = 1
+) -> ClaimedJob | None:
     """Atomically take the highest-priority, oldest queued job, or None when there is none.
+
+    A worker takes the jobs that run on as many hosts as it has: a single-host worker those of
+    one host; the worker on host 0 of the multi-host slice `slice_name` those of its `hosts`,
+    recording itself as the attempt's host 0 (the other hosts join it: db.gang).
 
     Postgres: the candidate row is locked with `FOR UPDATE SKIP LOCKED` in a CTE, so racing
     workers each take a different row without waiting. SQLite: the transaction is `BEGIN
@@ -164,11 +171,17 @@ def claim(engine: Engine, worker_id: str) -> ClaimedJob | None:
     in the claim's order: a claim costs the same with 200 queued jobs as with 70,000.
     """
     now = utcnow()
+    if (hosts > 1) != (slice_name is not None):
+        raise ValueError("a slice's worker names its slice and its hosts; others neither")
     candidate = (
-        select(Job.id).where(Job.status == "queued").order_by(Job.priority.desc(), Job.id).limit(1)
+        select(Job.id)
+        .where(Job.status == "queued", Job.hosts == hosts)
+        .order_by(Job.priority.desc(), Job.id)
+        .limit(1)
     )
     changes = {
         "status": "running",
+        "slice_name": slice_name,
         "worker_id": worker_id,
         "attempts": Job.attempts + 1,
         "lease": Job.lease + 1,
@@ -194,8 +207,14 @@ def claim(engine: Engine, worker_id: str) -> ClaimedJob | None:
         row = connection.execute(statement).one_or_none()
         if row is None:
             return None
+        where = ""
+        if slice_name is not None:
+            from db.gang import add_host_zero
+
+            connection.execute(add_host_zero(row.id, row.lease, worker_id))
+            where = f" as host 0 of the {hosts} hosts of slice {slice_name}"
         connection.execute(
-            _event(row.id, "info", f"claimed by worker {worker_id} (attempt {row.attempts})")
+            _event(row.id, "info", f"claimed by worker {worker_id}{where} (attempt {row.attempts})")
         )
     return ClaimedJob(
         lease=Lease(row.id, worker_id, row.lease),

@@ -49,6 +49,8 @@ EPOCH_METRICS = ("valid_loss", "accuracy", "error_rate", "top5_accuracy", "train
 KEEP = ("last", "best")
 
 MAX_NAME_LENGTH = 200
+# The most TPU VM hosts one job may span (a v5p-12288 slice has 1,536).
+MAX_HOSTS = 4096
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 # A note keeps its line breaks and tabs; no other control character.
 _NOTE_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -179,6 +181,13 @@ class JobSpec(BaseModel):
     cores: int | None = Field(
         None, ge=1, le=4096, description="XLA devices to use; empty means all the worker has."
     )
+    hosts: int = Field(
+        1,
+        ge=1,
+        le=MAX_HOSTS,
+        description="TPU VM hosts that run the job together: 1, or every host of one "
+        "multi-host pod slice (each host's worker joins; they start, fail and resume as one).",
+    )
     priority: int = Field(
         0, ge=-100, le=100, description="Higher runs first; equal priorities run oldest first."
     )
@@ -246,6 +255,7 @@ class JobSpec(BaseModel):
         "grad_clip",
         "wd",
         "cores",
+        "hosts",
         "priority",
         "max_attempts",
         "time_limit",
@@ -307,6 +317,11 @@ class JobSpec(BaseModel):
             raise ValueError("mixed_precision: fp16 runs on CUDA only; use bf16 or none on the CPU")
         if self.cores is not None and self.device not in ("xla", "auto"):
             raise ValueError("cores: only XLA jobs spread over several cores")
+        if self.hosts > 1 and self.device not in ("xla", "auto"):
+            raise ValueError(
+                f"hosts: a job on {self.hosts} hosts runs on a TPU pod slice; use device xla "
+                "or auto"
+            )
         return self
 
     @property
