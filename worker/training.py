@@ -382,16 +382,14 @@ def run(ctx: TrainingContext) -> Path:
             f"resumed from the checkpoint after epoch {resume_from} (attempt {ctx.lease.lease}, "
             f"from {origin}); training continues at epoch {resume_from + 1}",
         )
-    elif ctx.lease.lease > 1:
-        ctx.writer.add_event(
-            "warning",
-            f"attempt {ctx.lease.lease} found no checkpoint of this job, here or in the store: "
-            "training starts again from epoch 1",
-        )
-    elif spec.lr == "find":
-        lr = find_learning_rate(learn, ctx)
     else:
-        lr = float(spec.lr)
+        if ctx.lease.lease > 1:
+            ctx.writer.add_event(
+                "warning",
+                f"attempt {ctx.lease.lease} found no checkpoint of this job, here or in the "
+                "store: training starts again from epoch 1",
+            )
+        lr = find_learning_rate(learn, ctx) if spec.lr == "find" else float(spec.lr)
 
     # On an accelerator the checkpoint is written on a background thread while the next epoch
     # trains; training on the CPU writes it at the epoch's end (see CheckpointWriter).
