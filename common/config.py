@@ -97,3 +97,14 @@ def system_metrics_interval_s() -> float:
 def tpu_metrics_address() -> str:
     """HOST:PORT of libtpu's runtime metrics service (gRPC) on a TPU VM."""
     return settings().tpu_metrics_address
+
+
+def gang_start_timeout_s() -> float:
+    """How long an attempt of a multi-host job waits for every host at the start barrier."""
+    return settings().gang_start_timeout_s
+
+
+def progress_timeout_s() -> float:
+    """How long a host's job process of a multi-host job may train no step before the attempt
+    is given up (a hung process still has a beating worker)."""
+    return settings().progress_timeout_s

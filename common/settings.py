@@ -13,10 +13,11 @@ Commands end with that line and exit code 2 (`common.entry.run_main`); the dashb
 and stops. The README's Configuration table lists these variables.
 
 Read where they are used, not here, because they are not traindeck's settings: PJRT_DEVICE,
-CPU_NUM_DEVICES and TPU_ACCELERATOR_TYPE (torch_xla's and the TPU VM's own), STREAMLIT_*
-(Streamlit's), TRAINDECK_FAILPOINTS (set by tests only), and the environment handed on to
-child processes; and Google's own (GOOGLE_CLOUD_PROJECT, GOOGLE_APPLICATION_CREDENTIALS,
-CLOUDSDK_CONFIG), which google-auth reads.
+CPU_NUM_DEVICES, TPU_ACCELERATOR_TYPE, TPU_WORKER_ID and TPU_WORKER_HOSTNAMES (torch_xla's and
+the TPU VM's own; the last two are checked by worker.tpu_slice), GCE_METADATA_HOST
+(google-auth's), STREAMLIT_* (Streamlit's), TRAINDECK_FAILPOINTS (set by tests only), and the
+environment handed on to child processes; and Google's own (GOOGLE_CLOUD_PROJECT,
+GOOGLE_APPLICATION_CREDENTIALS, CLOUDSDK_CONFIG), which google-auth reads.
 """
 
 from __future__ import annotations
@@ -136,6 +137,24 @@ class Settings(BaseSettings):
         "a whole number of DataLoader worker processes, 0 to 64",
         ge=0,
         le=64,
+    )
+    # A worker on a host of a multi-host TPU pod slice (worker.tpu_slice): the slice's name
+    # (else the TPU's name in the metadata, else host 0's name in TPU_WORKER_HOSTNAMES); how
+    # long an attempt waits for every host's job process at the start barrier; how long a
+    # host's job process may train no step before the whole attempt is requeued (a hung host
+    # still beats).
+    slice_name: str | None = _setting(
+        None,
+        "TRAINDECK_SLICE",
+        "a name for this machine's TPU slice, the same on each of its hosts (at most 200 "
+        "printable characters)",
+        pattern=r"^[^\x00-\x1f\x7f]{1,200}$",
+    )
+    gang_start_timeout_s: float = _setting(
+        600.0, "TRAINDECK_GANG_START_TIMEOUT", SECONDS, gt=0, le=MAX_SECONDS, allow_inf_nan=False
+    )
+    progress_timeout_s: float = _setting(
+        900.0, "TRAINDECK_PROGRESS_TIMEOUT", SECONDS, gt=0, le=MAX_SECONDS, allow_inf_nan=False
     )
     # On XLA a job process whose job succeeded may serve the next job with the same graphs,
     # so XLA's in-memory cache spares it the compiles (worker.job_channel); 1: never.

@@ -149,23 +149,42 @@ class CheckpointUploader:
                 store.delete(store.url_for(key))
 
 
+class CheckpointUnavailable(RuntimeError):
+    """The store's checkpoint, which every host of a multi-host job must resume from, cannot
+    be read: no host may start from another one."""
+
+
 def remove_uploaded(job_id: int) -> None:
     """The job's checkpoints in the store (after success, unless they are to be kept)."""
     store.delete_prefix(store.job_prefix(job_id) + "/checkpoints")
 
 
-def newest_checkpoint(job_dir: Path, job_id: int, report: Report) -> tuple[Any, str] | None:
-    """The newest checkpoint of the job and where it came from, or None when there is none."""
-    local = checkpoint.load_checkpoint(job_dir)
+def newest_checkpoint(
+    job_dir: Path, job_id: int, report: Report, store_only: bool = False
+) -> tuple[Any, str] | None:
+    """The newest checkpoint of the job and where it came from, or None when there is none.
+
+    `store_only`: the store's alone, never this machine's copy, which may be newer than the
+    store's or older: every host of a multi-host job must resume from the same one."""
+    local = None if store_only else checkpoint.load_checkpoint(job_dir)
     try:
         pointer = store.read_json(store.checkpoint_pointer_key(job_id))
     except store.StoreError as exc:
+        if store_only:
+            raise CheckpointUnavailable(
+                f"cannot look for a checkpoint in the store: {exc}"
+            ) from None
         report("warning", f"cannot look for a checkpoint in the store: {exc}")
         pointer = None
     if pointer is not None and (local is None or local["epoch"] < pointer["epoch"]):
         fetched = _fetch(job_dir, pointer, report)
         if fetched is not None:
             return fetched, pointer["url"]
+        if store_only:
+            raise CheckpointUnavailable(
+                f"cannot fetch the store's checkpoint {pointer.get('url')}, from which every "
+                "host resumes"
+            )
     if local is None:
         return None
     return local, f"this machine's copy ({checkpoint.checkpoint_path(job_dir)})"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 
@@ -11,6 +12,7 @@ from common.cliargs import EXIT_USER_ERROR, Parser, positive_int, positive_secon
 from common.entry import EXIT_SETTINGS
 from common.settings import SettingsError
 from db.engine import get_engine
+from worker import tpu_slice
 from worker.supervisor import Supervisor, SupervisorOptions, default_worker_id
 
 
@@ -84,6 +86,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m worker") -> int:
             heartbeat_timeout_s=config.heartbeat_timeout_s(),
         )
         config.ensure_data_dir()  # every job's checkpoints and export go there
+        place = tpu_slice.this_host()
+        if place is not None:
+            options = _on_a_slice(options, place)
         engine = get_engine()
         store.check_reachable()  # a missing or refused bucket: one line naming it, not a job
     except SettingsError:
@@ -94,6 +99,32 @@ def main(argv: list[str] | None = None, prog: str = "python -m worker") -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
-    supervisor = Supervisor(engine, options)
+    if place is None:
+        supervisor = Supervisor(engine, options)
+    else:
+        from worker.gang import GangLimits
+        from worker.slice_supervisor import SliceSupervisor
+
+        limits = GangLimits(
+            start_timeout_s=config.gang_start_timeout_s(),
+            heartbeat_timeout_s=options.heartbeat_timeout_s,
+            progress_timeout_s=config.progress_timeout_s(),
+        )
+        supervisor = SliceSupervisor(engine, options, place, limits)
+        logging.getLogger("worker").info("this worker is %s", place)
     supervisor.install_signal_handlers()
     return supervisor.run()
+
+
+def _on_a_slice(options: SupervisorOptions, place: tpu_slice.SliceHost) -> SupervisorOptions:
+    """A slice host's options: its own worker id (the same startup script names every host's
+    worker alike; host 0 keeps the name, so that a preempted slice's job is found by it), and
+    a new job process for every job. Its hosts resume from the store's checkpoints, so the
+    store must be one they share."""
+    if not store.is_shared():
+        raise tpu_slice.SliceError(
+            f"this worker is {place}, whose hosts resume each job from the store's checkpoint: "
+            "set TRAINDECK_STORE to a gs:// bucket they share"
+        )
+    worker_id = options.worker_id if place.host == 0 else f"{options.worker_id}-host{place.host}"
+    return dataclasses.replace(options, worker_id=worker_id, jobs_per_process=1)

@@ -54,6 +54,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--parent-pid", type=int, default=None)
     parser.add_argument("--error-file", type=Path, required=True)
     parser.add_argument("--report-fd", type=int, default=None)
+    # A multi-host job (worker.gang): this host's number, the slice's hosts, the slice.
+    parser.add_argument("--host", type=int, default=0)
+    parser.add_argument("--hosts", type=int, default=1)
+    parser.add_argument("--slice", default=None)
     return parser.parse_args(argv)
 
 
@@ -131,11 +135,13 @@ def run_job(
     from db.spec import JobSpec
     from db.sweeps import trial_of
     from worker.checkpoint import write_failure
+    from worker.gang import wait_at_start_barrier
     from worker.reporter import TelemetryWriter
     from worker.system_metrics import start_for_job
 
     lease = Lease(assignment.job_id, args.worker_id, assignment.lease)
-    writer = TelemetryWriter(engine, lease)
+    place = _gang_place(args, assignment)
+    writer = TelemetryWriter(engine, lease, seat=place.seat if place is not None else None)
     _configure_logging(assignment.job_id, writer)
     log = logging.getLogger("worker.job")
     after = f", which trained job {previous} before" if previous is not None else ""
@@ -170,7 +176,10 @@ def run_job(
             parent_pid=args.parent_pid,
             trial=trial,
             previous_job=previous,
+            gang=place,
         )
+        if place is not None and not wait_at_start_barrier(engine, place, stop):
+            raise training.StopRequested()
         training.run(context)
         return EXIT_OK
     except training.StopRequested:
@@ -203,6 +212,17 @@ def run_job(
             )
         root = logging.getLogger()  # the job's log is closed: what comes next is not its
         root.handlers[:] = [h for h in root.handlers if not isinstance(h, WriterLogHandler)]
+
+
+def _gang_place(args: argparse.Namespace, assignment):
+    """This process's place in its gang, for a multi-host job; None for any other."""
+    if args.hosts <= 1:
+        return None
+    from db.gang import Seat
+    from worker.gang import GangPlace
+
+    seat = Seat(assignment.job_id, assignment.lease, args.host)
+    return GangPlace(seat, args.hosts, args.slice or "")
 
 
 def _write_error(path: Path, message: str) -> None:

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import first_line
-from db import queue, telemetry
+from db import gang, queue, telemetry
 from db.engine import Engine
+from db.gang import Seat
 from db.queue import Lease
 from db.telemetry import MetricPoint
 from worker import failpoints
@@ -38,12 +39,29 @@ class Progress:
 
 
 class TelemetryWriter:
-    """Collects points, events, XLA reports and progress; a thread writes them every ~2 s."""
+    """Collects points, events, XLA reports and progress; a thread writes them every ~2 s.
 
-    def __init__(self, engine: Engine, lease: Lease, flush_interval_s: float = FLUSH_INTERVAL_S):
+    The process of one host of a multi-host job (`seat`) also records each step it trains in
+    its host's row (the progress watchdog's clock, db.gang). Only the gang's process 0 writes
+    the job's points, reports and progress; which process this is, is known once the device is
+    open (`set_primary`): until then they wait here. The other processes' log lines reach the
+    job's log only as warnings and errors, each naming its host.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        lease: Lease,
+        flush_interval_s: float = FLUSH_INTERVAL_S,
+        seat: Seat | None = None,
+    ):
         self._engine = engine
         self._lease = lease
         self._interval = flush_interval_s
+        self._seat = seat
+        self._primary: bool | None = True if seat is None else None
+        self._host_step = 0
+        self._host_step_written = 0
         self._lock = threading.Lock()
         # Held while a pass writes to the database: a test's failpoint waits for it before
         # it stops the process, so a stopped job never holds a SQLite write lock.
@@ -69,19 +87,42 @@ class TelemetryWriter:
 
     def add_points(self, points: list[MetricPoint]) -> None:
         with self._lock:
-            self._points.extend(points)
+            if self._primary is not False:
+                self._points.extend(points)
 
     def add_event(self, level: str, message: str) -> None:
         with self._lock:
+            if self._seat is not None and not self._speaks_for_the_job():
+                if level not in ("warning", "error", "critical"):
+                    return
+                message = f"host {self._seat.host}: {message}"
             self._events.append((level, message))
 
     def add_xla_report(self, epoch: int, summary: dict[str, Any], raw: str) -> None:
         with self._lock:
-            self._reports.append((epoch, summary, raw))
+            if self._primary is not False:
+                self._reports.append((epoch, summary, raw))
 
     def set_progress(self, progress: Progress) -> None:
         with self._lock:
-            self._progress = progress
+            self._host_step = max(self._host_step, progress.step)
+            if self._primary is not False:
+                self._progress = progress
+
+    def set_primary(self, primary: bool) -> None:
+        """Whether this process is its gang's process 0, which writes the job's points,
+        reports and progress; another one's are dropped, those held so far too."""
+        with self._lock:
+            self._primary = primary
+            if not primary:
+                self._points, self._reports, self._progress = [], [], None
+        self._wake.set()
+
+    def _speaks_for_the_job(self) -> bool:
+        """Process 0's log is the job's; before the device is open, host 0's is taken for it."""
+        if self._primary is None:
+            return self._seat is None or self._seat.host == 0
+        return self._primary
 
     def request_flush(self) -> None:
         """Ask the thread to write now, without waiting for it."""
@@ -105,6 +146,9 @@ class TelemetryWriter:
         return True
 
     def close(self, timeout_s: float = 60.0) -> bool:
+        with self._lock:
+            if self._primary is None:  # it ended before its device was open
+                self._primary = self._speaks_for_the_job()
         written = self.flush(timeout_s)
         self._closing = True
         self._wake.set()
@@ -140,10 +184,17 @@ class TelemetryWriter:
     def _write_all(self) -> bool:
         """One pass: take what is buffered, write it; on failure put it back in front."""
         with self._lock:
-            points, self._points = self._points, []
             events, self._events = self._events, []
-            reports, self._reports = self._reports, []
-            progress, self._progress = self._progress, None
+            points: list[MetricPoint] = []
+            reports: list[tuple[int, dict[str, Any], str]] = []
+            progress: Progress | None = None
+            if self._primary:  # else they wait for the role, or are dropped
+                points, self._points = self._points, []
+                reports, self._reports = self._reports, []
+                progress, self._progress = self._progress, None
+            host_step = self._host_step
+            if self._host_step <= self._host_step_written:
+                host_step = 0
         steps: list[tuple[str, Callable[[], Any]]] = []
         if points:
             steps.append(
@@ -181,6 +232,9 @@ class TelemetryWriter:
                     ),
                 )
             )
+        seat = self._seat
+        if seat is not None and host_step:
+            steps.append(("host", lambda: gang.record_progress(self._engine, seat, host_step)))
         done: set[str] = set()
         reports_done = 0
         try:
@@ -191,6 +245,9 @@ class TelemetryWriter:
                         reports_done += 1
                     else:
                         done.add(kind)
+                    if kind == "host":
+                        with self._lock:
+                            self._host_step_written = max(self._host_step_written, host_step)
         except Exception as exc:
             # Put everything back before anything else can fail: a point is never dropped.
             with self._lock:

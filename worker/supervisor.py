@@ -34,6 +34,7 @@ from db.queue import ClaimedJob, JobSignal
 from worker import devices
 from worker.job_channel import Assignment, graph_key, read_done
 from worker.job_process import EXIT_OK, EXIT_PRUNED, EXIT_STOPPED, LOG_PREFIX
+from worker.tpu_slice import LIBTPU_LOCKFILE, clear_libtpu_lockfile
 
 log = logging.getLogger("worker")
 
@@ -218,6 +219,9 @@ class Supervisor:
         self.jobs_run = 0
         self.signal = JobSignal(engine)
         self._last_worker_beat = 0.0
+        # A job process of ours was killed or died by a signal: libtpu's lock file it leaves
+        # would make the next one find the TPU in use.
+        self._process_killed = False
 
     # --- signals ---
 
@@ -283,11 +287,15 @@ class Supervisor:
             self._recover_stale_jobs()
             # Whichever worker holds a sweep's claim queues its next trials (db.sweeps).
             self._try(lambda: sweeps.drive_all(self.engine, self.options.worker_id))
-            return queue.claim(self.engine, self.options.worker_id)
+            return self._claim()
         except Exception as exc:
             log.warning("cannot reach the database to claim a job: %s", first_line(exc))
             time.sleep(min(MAX_DB_BACKOFF_S, self.options.poll_interval_s * 2))
             return None
+
+    def _claim(self) -> ClaimedJob | None:
+        """The next job for this worker (a slice's workers join their slice's: SliceSupervisor)."""
+        return queue.claim(self.engine, self.options.worker_id)
 
     # --- one job ---
 
@@ -317,6 +325,8 @@ class Supervisor:
             exit_code = self._watch(running)
         finally:
             self.running = None
+        if exit_code < 0 or running.killed:
+            self._process_killed = True
         if not running.reported_done:
             worker.join_readers()  # the process ended: the last of its output is read
         self._flush_output(running)
@@ -371,9 +381,17 @@ class Supervisor:
         if worker is not None:
             worker.close(self.options.stop_grace_s)
 
+    def _process_arguments(self, job: ClaimedJob) -> list[str]:
+        """More arguments of the job's process (a multi-host job's: SliceSupervisor)."""
+        return []
+
     def _start_process(
         self, job: ClaimedJob, device: str, key: tuple | None, error_file: str
     ) -> JobProcess:
+        if device == "xla" and self._process_killed:
+            self._process_killed = False
+            if clear_libtpu_lockfile():
+                log.warning("removed %s, left by a killed job process", LIBTPU_LOCKFILE)
         command = [
             sys.executable, "-m", "worker.job_process",
             "--job-id", str(job.id),
@@ -382,6 +400,7 @@ class Supervisor:
             "--device", device,
             "--parent-pid", str(os.getpid()),
             "--error-file", error_file,
+            *self._process_arguments(job),
         ]  # fmt: skip
         report_read = report_write = None
         if key is not None:

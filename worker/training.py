@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from fastai.callback.core import CancelFitException, TrainEvalCallback
@@ -33,7 +33,7 @@ from db.queue import Lease
 from db.spec import JobSpec
 from db.sweeps import Trial, end_trial, report_epoch
 from db.telemetry import LR_FIND, MetricPoint
-from worker import checkpoint, spmd
+from worker import checkpoint, gang, spmd
 from worker.best_epoch import BestEpochTracker, epoch_value
 from worker.callbacks import (
     AutocastCallback,
@@ -59,6 +59,9 @@ from worker.results import record_results
 from worker.skipped import RECORD_NAME as SKIP_RECORD_NAME
 from worker.skipped import SkippedFilesCallback, SkipRecord
 from worker.spmd import DataParallel
+
+if TYPE_CHECKING:
+    from worker.gang import GangPlace
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +105,15 @@ class TrainingContext:
     # The global epoch after which the sweep's pruner stopped the trial.
     pruned_at: int | None = None
     previous_job: int | None = None  # the job this process trained before, graphs kept
+    # A multi-host job (worker.gang): this process's place in its gang, and its index among
+    # the gang's processes once the device is open. Only process 0 writes the job's rows and
+    # files; the others train the same steps.
+    gang: GangPlace | None = None
+    process_index: int = 0
+
+    @property
+    def primary(self) -> bool:
+        return self.process_index == 0
 
     def db(self, action: Callable[[], T], what: str) -> T:
         """A database call of the job process, tried again while the database is locked or
@@ -306,14 +318,16 @@ def build_learner(
 # --- the run --------------------------------------------------------------------------------
 
 
-def run(ctx: TrainingContext) -> Path:
-    """Train the job to the end and export it. Returns the export's path.
+def run(ctx: TrainingContext) -> Path | None:
+    """Train the job to the end and export it. Returns the export's path (None in a gang's
+    process other than process 0, which exports).
 
     Raises StopRequested when asked to stop, JobFailure for a problem a person can fix.
     """
     spec = ctx.spec
     set_seed(spec.seed)
     setup = open_device(ctx.device_kind, spec.cores)
+    gang.take_role(ctx)
     device, device_label = setup.device, setup.label
     kept = _graphs_kept(ctx) if device.type == "xla" else {}
     log.info("training %s on %s (%s)", spec.display_name, device_label, spec.dataset)
@@ -369,7 +383,10 @@ def run(ctx: TrainingContext) -> Path:
     phases = schedule_phases(spec, 0.0)
     set_trainable(learn, phases[0])
     resume_from = 0
-    found = newest_checkpoint(ctx.job_dir, ctx.lease.job_id, ctx.writer.add_event)
+    # Every host of a gang resumes from the store's checkpoint, so they all start alike.
+    found = newest_checkpoint(
+        ctx.job_dir, ctx.lease.job_id, ctx.writer.add_event, store_only=ctx.gang is not None
+    )
     state, origin = found if found is not None else (None, None)
     if state is not None and _same_spec(state.get("spec"), spec):
         checkpoint.restore(learn, state, device)
@@ -404,17 +421,19 @@ def run(ctx: TrainingContext) -> Path:
     )
 
     def on_epoch_end(epoch: int) -> None:
-        if report_to_sweep(ctx, learn, epoch, epoch + 1 == clock.total_epochs):
+        last_epoch = epoch + 1 == clock.total_epochs
+        if ctx.primary and report_to_sweep(ctx, learn, epoch, last_epoch):
             ctx.pruned_at = epoch
         stopping = best.stopped_at is not None or ctx.pruned_at is not None
         # The end of training writes a checkpoint only when a succeeded job keeps one: else it
         # would be deleted right after the export, and a stop or failure before the export
         # is done still writes the state kept in memory (below).
-        final = (epoch + 1 == clock.total_epochs or stopping) and store.keep_final_checkpoint()
+        final = (last_epoch or stopping) and store.keep_final_checkpoint()
         spec_json = spec.model_dump(mode="json")
-        checkpoints.save(
-            learn, epoch=epoch, lr=lr, spec=spec_json, last=final, tracker=best.state()
-        )
+        if ctx.primary:
+            checkpoints.save(
+                learn, epoch=epoch, lr=lr, spec=spec_json, last=final, tracker=best.state()
+            )
         if stopping:
             raise CancelFitException()  # fastai's way to end a fit, once the checkpoint is kept
 
@@ -426,16 +445,21 @@ def run(ctx: TrainingContext) -> Path:
     profiler = ProfileCallback(
         ctx.engine, ctx.lease.job_id, clock, device, ctx.job_dir,
         lambda kind, path: publish(ctx, kind, path),
-    )  # fmt: skip
-    learn.add_cbs([epoch_end, divergence, best, profiler])
+    ) if ctx.primary else None  # fmt: skip
+    learn.add_cbs([epoch_end, divergence, best, *([profiler] if profiler else [])])
     try:
         try:
             _fit_phases(learn, spec, lr, resume_from, clock, epoch_end, divergence, ended, ctx.stop)
         finally:
-            profiler.close()
+            if profiler is not None:
+                profiler.close()
         checkpoints.wait()  # the checkpoint in flight is on disk, or its failure is raised
         if ctx.pruned_at is not None:
             raise prune(ctx, learn)
+        if not ctx.primary:  # the export and the results are process 0's
+            uploads.close()
+            log.info("trained; the export and the results are process 0's")
+            return None
         ctx.kept_epoch = keep_epoch(learn, best)
         export = export_model(learn, ctx.job_dir)
         if ctx.stop.is_set():
