@@ -66,12 +66,21 @@ CHECK_PROCESSES ?= $(shell nproc)
 FAST_TIER = OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow" -q -n $(CHECK_PROCESSES) --dist worksteal $(PYTEST_ARGS) \
 	|| [ $$? -eq 5 ]
 
+# The slow tier's tests mostly wait: on workers, browsers and XLA runtimes they start, on
+# imports and compiles that use one core. Two at a time, one torch thread each, as the fast
+# tier; the few marked `serial` change what every test shares (they restart Postgres) and run
+# alone afterwards.
+SLOW_TIER = OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "slow and not serial" -q -n $(CHECK_PROCESSES) --dist worksteal \
+	--durations=25 $(PYTEST_ARGS) || [ $$? -eq 5 ]
+SERIAL_TIER = $(BIN)/python -m pytest -m "slow and serial" -q --durations=5 $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
 ## test: install the dev tools, lint, run every test: the fast tier as `make check` runs it,
-##       then the slow tier in one process (its tests start workers, browsers and XLA runtimes
-##       of their own, and wait on them)
+##       then the slow tier (its tests start workers, browsers and XLA runtimes of their own,
+##       and wait on them), then the few that must run alone
 test: lint
 	$(FAST_TIER)
-	$(BIN)/python -m pytest -m slow --durations=25 $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(SLOW_TIER)
+	$(SERIAL_TIER)
 
 ## check: lint and every test not marked slow, one process per core (run it before each commit)
 check: lint

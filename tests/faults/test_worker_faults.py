@@ -122,6 +122,7 @@ def test_killed_training_process_is_resumed_by_the_same_supervisor(engine, digit
     _assert_every_point_once(engine, job_id, 3)
 
 
+@pytest.mark.serial  # every other test's Postgres connections would drop with it
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 def test_postgres_restart_mid_job_loses_nothing(engine, digits_dataset):
     job_id = queue.submit(engine, {**SMALL_JOB, "dataset": digits_dataset(), "epochs": 3})
