@@ -4,7 +4,7 @@
 
 Both arms build the same DataLoaders and Learner as the worker (`worker.data`,
 `worker.training.build_learner`) and call `fit_one_cycle` with the same data, model, seed and
-epochs; they alternate A, B, A, B… in one process so that the machine's noise hits both.
+epochs; they alternate A, B, B, A, A, B… in one process so that the machine's noise hits both.
   A  plain fastai: no logging at all (on XLA it keeps the one `torch_xla.sync()` per step
      that any XLA training loop needs, and fastai's Recorder reads the loss and every metric
      to the host in every batch, as fastai does).
@@ -212,7 +212,10 @@ def main() -> None:
         run(instrumented, -1)  # (the arms' validation graphs differ) hit neither arm's rounds
     results: dict[bool, list[tuple[float, ...]]] = {False: [], True: []}
     for round_index in range(args.rounds):
-        for instrumented in (False, True):
+        # A B, then B A: a machine that speeds up or slows down over the run (a shared host's
+        # neighbours, CPU boost) favours neither arm.
+        order = (False, True) if round_index % 2 == 0 else (True, False)
+        for instrumented in order:
             results[instrumented].append(run(instrumented, round_index))
             throughput, _, _, per_cpu_second, *_, compiled = results[instrumented][-1]
             arm = "traindeck" if instrumented else "plain"
@@ -226,10 +229,15 @@ def main() -> None:
     traced_cpu = statistics.median(r[3] for r in results[True])
     print(f"plain fastai   {plain:8.1f} images/s  {plain_cpu:8.1f} images/CPU-s")
     print(f"traindeck      {traced:8.1f} images/s  {traced_cpu:8.1f} images/CPU-s")
+    paired = statistics.median(
+        b[0] / a[0] for a, b in zip(results[False], results[True], strict=True)
+    )
     print(
         f"ratio traindeck/plain {traced / plain:.3f} wall-clock, {traced_cpu / plain_cpu:.3f} "
         "per CPU-second (target ≥ 0.98; on a shared machine the CPU-time ratio is the steadier)"
     )
+    print(f"median of the rounds' own wall-clock ratios {paired:.3f} (each round's two fits "
+          "side by side, the order alternating)")  # fmt: skip
     print_breakdown(costs, sum(instrumented_cpu), len(instrumented_cpu))
     if args.xla:
         print(f"device→host transfers / graph executions (torch_xla's metrics), "
