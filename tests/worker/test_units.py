@@ -184,6 +184,39 @@ def test_a_background_checkpoint_holds_the_state_of_its_epoch(tmp_path):
     assert state["optimizer"]["state"], "the optimizer's buffers are saved"
 
 
+def test_a_kept_state_is_one_block_reused_by_the_next_epoch_and_written_exactly(tmp_path):
+    learn = _tiny_learner()
+    writer = checkpoint.CheckpointWriter(tmp_path, background=False, interval_s=3600)
+    writer.save(learn, epoch=0, lr=0.1, spec={})  # kept in memory: the interval has not passed
+    first = writer._kept
+    model, moments = first["model"], first["optimizer"]["state"]
+    blocks = {tensor.untyped_storage().data_ptr() for tensor in model.values()}
+    assert len(blocks) == 1, "every tensor of the model's copy lives in one block"
+    with torch.no_grad():
+        learn.model.weight.add_(1.0)
+    writer.save(learn, epoch=1, lr=0.1, spec={})
+    second = writer._kept["model"]
+    assert second["weight"].untyped_storage().data_ptr() in blocks, "the block was reused"
+    assert torch.equal(second["weight"], learn.model.weight.detach())
+    writer.flush()
+    state = checkpoint.load_checkpoint(tmp_path)
+    assert state["epoch"] == 1
+    for name, tensor in learn.model.state_dict().items():
+        assert torch.equal(state["model"][name], tensor), name
+    saved = state["optimizer"]["state"]
+    assert saved and all(
+        torch.equal(a, b) for a, b in zip(_tensors(saved), _tensors(moments), strict=True)
+    )
+
+
+def _tensors(state: Any) -> list[torch.Tensor]:
+    from fastai.torch_core import apply
+
+    found: list[torch.Tensor] = []
+    apply(lambda o: found.append(o) if isinstance(o, torch.Tensor) else o, state)
+    return found
+
+
 @pytest.mark.parametrize("background", [True, False], ids=["background", "in-place"])
 def test_a_failed_write_is_raised_and_the_previous_checkpoint_kept(tmp_path, background):
     learn = _tiny_learner()
