@@ -1,7 +1,7 @@
 """traindeck against the tools people use instead: training throughput while logging every batch.
 
     .venv/bin/python -m bench.peers [--quick] [--rounds 6] [--epochs 3] [--img-size 16] [--bs 64]
-                                    [--xla] [--mlflow-sqlite] [--tiny]
+                                    [--xla] [--mlflow-sqlite] [--tiny] [--only NAMES]
 
 Every system trains the same model (the worker's resnet18 Learner), data (the built-in digits),
 seed and epochs, in this one process, interleaved: each round runs every system once, in an
@@ -159,6 +159,11 @@ def main() -> None:
     parser.add_argument("--xla", action="store_true", help="XLA on the CPU (PJRT_DEVICE=CPU)")
     parser.add_argument("--mlflow-sqlite", action="store_true", help="also MLflow's SQLite store")
     parser.add_argument(
+        "--only",
+        help="a comma-separated subset of the systems to run (plain fastai always runs: the "
+        "ratios are to it), e.g. 'traindeck,traindeck+checkpoints'",
+    )
+    parser.add_argument(
         "--tiny",
         action="store_true",
         help="a one-layer model instead of resnet18: steps of a millisecond or two, so what "
@@ -209,6 +214,12 @@ def main() -> None:
     ]
     if args.mlflow_sqlite:
         systems.append(System("mlflow-sqlite", mlflow_logger(f"sqlite:///{folder / 'mlflow.db'}")))
+    if args.only:
+        wanted = {name.strip() for name in args.only.split(",")} | {"plain fastai"}
+        unknown = wanted - {system.name for system in systems}
+        if unknown:
+            parser.error(f"--only: no system named {', '.join(sorted(unknown))}")
+        systems = [system for system in systems if system.name in wanted]
     model_name = "one linear layer (--tiny)" if args.tiny else "resnet18"
     print(f"peers benchmark: {model_name}, digits {args.img_size}px, bs {args.bs}, {args.epochs} "
           f"epoch(s) × {args.rounds} rounds per system, interleaved, on {setup.label}",
