@@ -85,47 +85,50 @@ def checkpoint_state(
     }
 
 
-HOST_COPY_ALIGNMENT = 64  # bytes: every tensor's view starts where any dtype may
-
-
 def host_copy(state: Any, reuse: Any = None) -> Any:
-    """`state` with each tensor copied to the host, all of them into one block of memory.
+    """`state` with each tensor copied to the host, those of one dtype into one block.
 
-    One block because it is large (a model with its optimizer's moments: 140 MB for resnet18):
+    Blocks because they are large (a model with its optimizer's moments: 140 MB for resnet18):
     glibc maps an allocation that size apart from its heap and unmaps it when freed. Copied
     tensor by tensor, the copies filled the heap's top, and once freed glibc gave the top back
     to the system, after which every training step faulted its activations in again: about
-    650,000 page faults and a second (of a 6 s fit) per fit on the CPU, measured here.
+    650,000 page faults and a second (of a 6 s fit) per fit on the CPU, measured here. One
+    block per dtype, as torch.save refuses views of one storage as different types.
 
-    `reuse`: an earlier host copy nobody reads any more, whose block takes this copy (a fresh
+    `reuse`: an earlier host copy nobody reads any more, whose blocks take this copy (a fresh
     block's pages are faulted in again: about 35 ms for those 140 MB).
     """
-    sizes: list[int] = []
-    apply(lambda o: sizes.append(_aligned_bytes(o)) if isinstance(o, Tensor) else o, state)
-    block = _block_of(reuse, sum(sizes))
-    offsets = iter(torch.tensor([0, *sizes]).cumsum(0).tolist())
+    sizes: dict[torch.dtype, int] = {}
+    for tensor in _tensors_of(state):
+        sizes[tensor.dtype] = sizes.get(tensor.dtype, 0) + tensor.numel()
+    old_blocks = {tensor.dtype: tensor for tensor in reversed(_tensors_of(reuse))}
+    blocks = {dtype: _block(old_blocks.get(dtype), dtype, size) for dtype, size in sizes.items()}
+    used = dict.fromkeys(sizes, 0)
 
     def copy_into_block(tensor: Tensor) -> Tensor:
-        start = next(offsets)
-        view = block[start : start + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
+        start = used[tensor.dtype]
+        used[tensor.dtype] = start + tensor.numel()
+        view = blocks[tensor.dtype][start : start + tensor.numel()].view(tensor.shape)
         return view.copy_(tensor.detach())
 
     return apply(lambda o: copy_into_block(o) if isinstance(o, Tensor) else o, state)
 
 
-def _block_of(copy: Any, size: int) -> Tensor:
-    """The block under host copy `copy` when it holds `size` bytes, else a new block."""
+def _tensors_of(state: Any) -> list[Tensor]:
     found: list[Tensor] = []
-    apply(lambda o: found.append(o) if isinstance(o, Tensor) else o, copy)
-    if found and found[0].device.type == "cpu":
-        storage = found[0].untyped_storage()
-        if storage.nbytes() == size:
-            return torch.empty(0, dtype=torch.uint8).set_(storage)
-    return torch.empty(size, dtype=torch.uint8)
+    if state is not None:
+        apply(lambda o: found.append(o) if isinstance(o, Tensor) else o, state)
+    return found
 
 
-def _aligned_bytes(tensor: Tensor) -> int:
-    return -(-tensor.nbytes // HOST_COPY_ALIGNMENT) * HOST_COPY_ALIGNMENT
+def _block(old: Tensor | None, dtype: torch.dtype, size: int) -> Tensor:
+    """`size` elements of `dtype` on the host: the block under `old` (a tensor of an earlier
+    host copy) when it is that size, else a new one."""
+    if old is not None and old.device.type == "cpu":
+        storage = old.untyped_storage()
+        if storage.nbytes() == size * old.element_size():
+            return torch.empty(0, dtype=dtype).set_(storage)
+    return torch.empty(size, dtype=dtype)
 
 
 def write_checkpoint(job_dir: Path, state: dict[str, Any]) -> Path:
