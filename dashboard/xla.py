@@ -18,16 +18,15 @@ from db.xla_epochs import (
 
 __all__ = ["XlaEpoch", "per_epoch"]  # besides this module's own words: the figures it words
 
-WARM_UP_EPOCHS = 2
+WARM_UP_EPOCHS = 1
 
 
 def is_warm_up(row: XlaEpoch, schedule: str | None) -> bool:
     """Whether new compiles are expected in this epoch.
 
-    A process compiles the step and evaluation graphs in its first epoch, and XLA was seen to
-    compile one more evaluation graph in its second (the worker's measurement, see
-    `worker/xla_report.py`). fine_tune trains a frozen body in epoch 0 and unfreezes it: new
-    graphs in epoch 1, and that phase's extra evaluation graph in epoch 2.
+    A process compiles the step and evaluation graphs in its first epoch (the worker's
+    measurement, see `worker/xla_report.py`), and none after it. fine_tune trains a frozen
+    body in epoch 0 and unfreezes it: new graphs in epoch 1 too.
     """
     if row.process_epoch < WARM_UP_EPOCHS:
         return True

@@ -368,9 +368,10 @@ class XlaReportCallback(TrainedEpochCallback):
         self.writer.add_xla_report(epoch, summary, xla_report.read_raw_report())
         if self.first_epoch_reported is None:
             self.first_epoch_reported = epoch
-        elif warning := xla_report.compile_growth_warning(
-            epoch - self.first_epoch_reported, self.previous, summary
-        ):
+        # A phase of fine_tune (a fit of its own) unfreezes the body: new graphs at its start.
+        graphs_since = max(self.first_epoch_reported, self.clock.global_epoch(0))
+        warm_up = epoch == graphs_since
+        if warning := xla_report.compile_growth_warning(epoch, warm_up, self.previous, summary):
             log.warning("%s", warning)
         if warning := xla_report.cache_load_failure_warning(self.previous, summary, self.cache_dir):
             log.warning("%s", warning)

@@ -88,7 +88,7 @@ def test_each_event_is_queued_once_with_the_change_that_caused_it(engine):
         connection.execute(update(Job).where(Job.id == running).values(
             heartbeat_at=utcnow() - timedelta(hours=1)))  # fmt: skip
     assert queue.requeue_stale(engine, 60) == [(running, "queued")]
-    growth = compile_growth_warning(2, {"compile_count": 3}, {"compile_count": 5})
+    growth = compile_growth_warning(2, False, {"compile_count": 3}, {"compile_count": 5})
     bound = input_bound_warning(1, waited_s=6.0, pass_s=10.0)
     assert input_bound_warning(1, waited_s=5.0, pass_s=10.0) is None
     for _ in range(2):  # the same event twice: one alert

@@ -72,8 +72,8 @@ def running_job(engine, name: str = "live run", worker_id: str = "worker-a") -> 
         engine,
         claimed.id,
         1,
-        xla_summary(19, {"aten::_local_scalar_dense": 30, "aten::nonzero": 4}),
-        "Metric: CompileTime\n  TotalSamples: 19",
+        xla_summary(12, {"aten::_local_scalar_dense": 30, "aten::nonzero": 4}),
+        "Metric: CompileTime\n  TotalSamples: 12",
     )
     add_events(engine, claimed.id, [("info", "epoch 0 done: valid_loss 1.2"), ("warning", "slow")])
     return claimed
