@@ -6,7 +6,9 @@
 Every system trains the same model (the worker's resnet18 Learner), data (the built-in digits),
 seed and epochs, in this one process, interleaved: each round runs every system once, in an
 order rotated from round to round, so the shared machine's noise hits them alike; medians over
-the rounds of each round's ratio to plain fastai, after an untimed warm-up round.
+the rounds of each round's ratio to plain fastai, after an untimed warm-up round; then each
+system's fastest fit against plain fastai's fastest (noise only ever slows a fit down, and a
+slow moment of a shared machine hits whichever systems ran in it).
   plain fastai  no logging at all: the limit (on XLA with the one `torch_xla.sync()` per step
                 that any XLA loop needs)
   traindeck     the worker's instrumentation: per-batch loss and lr to the database through the
@@ -287,11 +289,28 @@ def main() -> None:
         print(f"{system.name:<21} {images_per_fit / wall:8.1f} images/s "
               f"{images_per_fit / cpu:8.1f} images/CPU-s  CPU-time ratio {cpu_ratio:.3f}  "
               f"ratio {wall_ratio:.3f}")  # fmt: skip
+    _print_verdict("median of the rounds' ratios", ratios)
+    # A fit is deterministic work: a shared machine's neighbours only ever slow it down, and a
+    # slow round hits whichever systems ran then. Each system's fastest fit is its cost with
+    # the least of that noise (as `timeit` reports its best run).
+    best = {
+        system.name: (min(plain.walls) / min(system.walls), min(plain.cpus) / min(system.cpus))
+        for system in systems
+    }
+    print("each system's fastest fit against plain fastai's fastest: "
+          + ", ".join(f"{name} {wall:.3f}" for name, (wall, _) in best.items()))  # fmt: skip
+    _print_verdict("fastest fits", best)
+
+
+def _print_verdict(basis: str, ratios: dict[str, tuple[float, float]]) -> None:
+    if "traindeck" not in ratios:
+        return
     peers = [name for name in ratios if name in ("mlflow", "tensorboard", "wandb")]
     ahead = [all(ratios["traindeck"][i] > ratios[peer][i] for peer in peers) for i in (0, 1)]
-    print(f"target: traindeck ≥ 0.98 of plain fastai and ahead of every peer — wall clock "
-          f"{ratios['traindeck'][0]:.3f} ({'ahead' if ahead[0] else 'NOT ahead'}), CPU time "
-          f"{ratios['traindeck'][1]:.3f} ({'ahead' if ahead[1] else 'NOT ahead'})")  # fmt: skip
+    wall, cpu = ratios["traindeck"]
+    print(f"target ({basis}): traindeck ≥ 0.98 of plain fastai and ahead of every peer — wall "
+          f"clock {wall:.3f} ({'ahead' if ahead[0] else 'NOT ahead'}), CPU "
+          f"time {cpu:.3f} ({'ahead' if ahead[1] else 'NOT ahead'})")  # fmt: skip
 
 
 if __name__ == "__main__":
