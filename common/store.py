@@ -188,6 +188,21 @@ def checkpoint_pointer_key(job_id: int) -> str:
     return f"{job_prefix(job_id)}/checkpoints/latest.json"
 
 
+def distributed_checkpoint_url(job_id: int) -> str:
+    """The folder of a job's distributed checkpoints (a job whose XLA runtime spans several
+    processes: `worker.multihost`). torch_xla's CheckpointManager writes and lists the files in
+    it through fsspec itself, one sub-folder per epoch; under the job's checkpoints, so they
+    are removed with them. Listings cached in this process are dropped first: the manager
+    lists the folder when it starts."""
+    from fsspec.core import url_to_fs
+
+    url = url_for(f"{job_prefix(job_id)}/checkpoints/distributed")
+    # The filesystem object the manager gets for the URL (fsspec keeps one per thread).
+    fs, _path = url_to_fs(url)
+    fs.invalidate_cache()
+    return url
+
+
 def dataset_archive_key(sha256: str) -> str:
     return f"datasets/{sha256}.tar"
 

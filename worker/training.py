@@ -33,7 +33,7 @@ from db.queue import Lease
 from db.spec import JobSpec
 from db.sweeps import Trial, end_trial, report_epoch
 from db.telemetry import LR_FIND, MetricPoint
-from worker import checkpoint, gang, spmd
+from worker import checkpoint, gang, multihost, spmd
 from worker.best_epoch import BestEpochTracker, epoch_value
 from worker.callbacks import (
     AutocastCallback,
@@ -222,6 +222,15 @@ def _open_xla(cores: int | None) -> DeviceSetup:
     return DeviceSetup(parallel.device, label, parallel)
 
 
+def _join_runtime(spec: JobSpec, setup: DeviceSetup) -> multihost.Processes | None:
+    """This process's place when the XLA runtime spans several processes (`worker.multihost`),
+    else None."""
+    try:
+        return multihost.join_runtime(spec, setup.parallel)
+    except multihost.ShareError as exc:
+        raise JobFailure(str(exc)) from None
+
+
 def xla_cache_dir() -> Path:
     """The persistent XLA compilation cache: shared by every job this data folder serves."""
     return config.data_dir() / "xla_cache"
@@ -329,6 +338,7 @@ def run(ctx: TrainingContext) -> Path | None:
     setup = open_device(ctx.device_kind, spec.cores)
     gang.take_role(ctx)
     device, device_label = setup.device, setup.label
+    hosts = _join_runtime(spec, setup) if device.type == "xla" else None
     kept = _graphs_kept(ctx) if device.type == "xla" else {}
     log.info("training %s on %s (%s)", spec.display_name, device_label, spec.dataset)
     if setup.parallel is not None:
@@ -348,6 +358,8 @@ def run(ctx: TrainingContext) -> Path | None:
     items = ctx.db(lambda: load_items(ctx.engine, spec.dataset), "read the dataset")
     skipped = SkipRecord(ctx.job_dir / SKIP_RECORD_NAME)
     dls = build_dataloaders(items, spec, device, skipped)
+    if hosts is not None:  # this process loads its share of each training batch
+        dls = multihost.share_training(dls, spec, hosts)
     log.info(
         "%d training and %d validation images, %d classes, %d batches per epoch",
         len(dls.train_ds),
@@ -356,6 +368,8 @@ def run(ctx: TrainingContext) -> Path | None:
         len(dls.train),
     )
     learn = build_learner(dls, spec, device, ctx.job_dir, setup.parallel)
+    if hosts is not None and setup.parallel is not None:
+        multihost.prefetch_shares(learn, setup.parallel)
     watched = [("monitor", spec.monitor)]
     if ctx.trial is not None:
         watched.append(("the sweep's objective", ctx.trial.sweep.metric))
@@ -383,10 +397,14 @@ def run(ctx: TrainingContext) -> Path | None:
     phases = schedule_phases(spec, 0.0)
     set_trainable(learn, phases[0])
     resume_from = 0
-    # Every host of a gang resumes from the store's checkpoint, so they all start alike.
-    found = newest_checkpoint(
-        ctx.job_dir, ctx.lease.job_id, ctx.writer.add_event, store_only=ctx.gang is not None
+    distributed = (
+        multihost.DistributedCheckpoints(
+            ctx.lease.job_id, checkpoint_interval_s(spec), store.checkpoints_kept()
+        )
+        if hosts is not None
+        else None
     )
+    found = _newest_checkpoint(ctx, distributed)
     state, origin = found if found is not None else (None, None)
     if state is not None and _same_spec(state.get("spec"), spec):
         checkpoint.restore(learn, state, device)
@@ -413,7 +431,7 @@ def run(ctx: TrainingContext) -> Path | None:
     uploads = CheckpointUploader(
         ctx.lease.job_id, ctx.job_dir, ctx.writer.add_event, kept=store.checkpoints_kept()
     )
-    checkpoints = checkpoint.CheckpointWriter(
+    checkpoints = distributed or checkpoint.CheckpointWriter(
         ctx.job_dir,
         background=device.type != "cpu",
         after_write=uploads.submit,
@@ -424,13 +442,15 @@ def run(ctx: TrainingContext) -> Path | None:
         last_epoch = epoch + 1 == clock.total_epochs
         if ctx.primary and report_to_sweep(ctx, learn, epoch, last_epoch):
             ctx.pruned_at = epoch
+        if hosts is not None:  # only process 0 asks the sweep's pruner; all stop alike
+            ctx.pruned_at = multihost.from_process_0(ctx.pruned_at)
         stopping = best.stopped_at is not None or ctx.pruned_at is not None
         # The end of training writes a checkpoint only when a succeeded job keeps one: else it
         # would be deleted right after the export, and a stop or failure before the export
         # is done still writes the state kept in memory (below).
         final = (last_epoch or stopping) and store.keep_final_checkpoint()
         spec_json = spec.model_dump(mode="json")
-        if ctx.primary:
+        if ctx.primary or distributed is not None:  # a distributed one: every process writes
             checkpoints.save(
                 learn, epoch=epoch, lr=lr, spec=spec_json, last=final, tracker=best.state()
             )
@@ -454,13 +474,15 @@ def run(ctx: TrainingContext) -> Path | None:
             if profiler is not None:
                 profiler.close()
         checkpoints.wait()  # the checkpoint in flight is on disk, or its failure is raised
-        if ctx.pruned_at is not None:
+        if ctx.pruned_at is not None and ctx.primary:
             raise prune(ctx, learn)
         if not ctx.primary:  # the export and the results are process 0's
             uploads.close()
             log.info("trained; the export and the results are process 0's")
             return None
         ctx.kept_epoch = keep_epoch(learn, best)
+        if hosts is not None:
+            multihost.unshare_training(learn.dls, spec.bs)
         export = export_model(learn, ctx.job_dir)
         if ctx.stop.is_set():
             export.unlink(missing_ok=True)
@@ -507,6 +529,19 @@ def prune(ctx: TrainingContext, learn: Learner) -> TrialPruned:
     return TrialPruned(
         f"pruned by the sweep's {sweep.pruner} pruner after epoch {epoch + 1}: "
         f"{sweep.metric} {epoch_value(learn, sweep.metric):.4f}; the last checkpoint is kept"
+    )
+
+
+def _newest_checkpoint(
+    ctx: TrainingContext, distributed: multihost.DistributedCheckpoints | None
+) -> tuple[Any, str] | None:
+    """The checkpoint the job resumes from and where it was: a runtime of several processes
+    reads its distributed checkpoint; every host of a gang the store's, so they all start
+    alike; any other job the newer of this machine's copy and the store's."""
+    if distributed is not None:
+        return distributed.newest()
+    return newest_checkpoint(
+        ctx.job_dir, ctx.lease.job_id, ctx.writer.add_event, store_only=ctx.gang is not None
     )
 
 
