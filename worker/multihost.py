@@ -45,6 +45,7 @@ from common import store
 from common.errors import first_line
 from db.spec import JobSpec
 from worker import checkpoint, spmd
+from worker.checkpoint_upload import CheckpointUnavailable
 from worker.prefetch import PREFETCH_DEPTH, PrefetchCallback
 
 log = logging.getLogger(__name__)
@@ -340,9 +341,12 @@ class DistributedCheckpoints:
         from torch_xla.experimental.distributed_checkpoint import CheckpointManager
 
         self.url = store.distributed_checkpoint_url(job_id)
-        self.manager = CheckpointManager(
-            self.url, save_interval=1, max_to_keep=kept, chkpt_on_preemption=False
-        )
+        try:  # it lists the checkpoints in the store
+            self.manager = CheckpointManager(
+                self.url, save_interval=1, max_to_keep=kept, chkpt_on_preemption=False
+            )
+        except Exception as exc:
+            raise unavailable(self.url, exc) from exc
         self.interval_s = interval_s
         self._clock = clock
         self._last_write = clock()
@@ -384,6 +388,16 @@ class DistributedCheckpoints:
         if not steps:
             return None
         where = f"{self.url}/{steps[-1]}"
-        tensors = empty_like_saved(where)
-        self.manager.restore(steps[-1], tensors)
+        try:
+            tensors = empty_like_saved(where)
+            self.manager.restore(steps[-1], tensors)
+        except Exception as exc:
+            raise unavailable(where, exc) from exc
         return join_tensors(tensors), where
+
+
+def unavailable(url: str, exc: BaseException) -> CheckpointUnavailable:
+    return CheckpointUnavailable(
+        f"cannot read the distributed checkpoints at {url}, from which every process "
+        f"resumes: {first_line(exc)}"
+    )
