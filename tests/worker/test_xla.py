@@ -12,6 +12,7 @@ import pytest
 from db import queue, telemetry
 from db.artifacts import get_artifact
 from tests.support.workers import REPO, run_python, run_worker, worker_env
+from tests.support.xla_compiles import assert_compiles_stop_after_the_first_epoch
 
 pytestmark = [pytest.mark.slow, pytest.mark.xla]
 
@@ -42,7 +43,6 @@ def test_xla_job_learns_reports_every_epoch_and_stops_compiling(sqlite_engine, s
     assert [report.epoch for report in reports] == [0, 1, 2]
     compiles = [report.summary["compile_count"] for report in reports]
     assert compiles[0] > 0
-    assert compiles[-1] == compiles[0], f"compile count grew after the first epoch: {compiles}"
     for report in reports:
         assert report.summary["aten_fallbacks"] == {}, "an op fell back to the CPU"
         assert report.summary["execute_count"] > 0 and report.summary["compile_time_s"] > 0
@@ -52,7 +52,7 @@ def test_xla_job_learns_reports_every_epoch_and_stops_compiling(sqlite_engine, s
         for event in telemetry.events_since(sqlite_engine, job_id)
         if event.level == "warning"
     ]
-    assert not any("compiled" in message for message in warnings), warnings
+    assert_compiles_stop_after_the_first_epoch(compiles, warnings)
     assert get_artifact(sqlite_engine, job_id, "export") is not None
 
 
