@@ -26,8 +26,6 @@ so that the machine's noise hits them alike.
             a browser would elsewhere) and directly with the store's client in this process
             (common.store.iter_chunks). Target: route/direct ≥ 0.8. Beside the rates, the CPU
             time per 100 MB of each process: the reader, the route's server, the emulator.
-            (Until this change the route was served by a thread of this process, the reader's:
-            its rate then also paid for the reader's CPU and the threads' contention.)
 Prints the figures and the ratios; never fails on timing.
 """
 
@@ -191,7 +189,7 @@ def main() -> None:
     print(f"store benchmark: resnet18, digits {args.img_size}px, bs {args.bs}, {args.epochs} "
           f"epochs; an object of {args.mb} MB; {args.rounds} rounds per arm, on {setup.label}; "
           f"the bucket is fake-gcs-server on loopback; the download route is served by a "
-          f"process of its own (before 2026-12-04: a thread of the reader's)")  # fmt: skip
+          f"process of its own")  # fmt: skip
     if args.emulator_nice:
         print(f"the emulator runs at nice {args.emulator_nice}: it yields the CPU to the fit, "
               f"as a bucket elsewhere takes none of this machine's")  # fmt: skip
