@@ -62,21 +62,17 @@ def checkpoint_state(
     the state is written; into the memory of `reuse`, an earlier state nobody reads any more,
     where it fits. `tracker` is the best-epoch state (worker.best_epoch), kept as given.
     """
-    old = reuse or {}
-    if copy:
-        model = host_copy(learn.model.state_dict(), old.get("model"))
-        opt = (
-            host_copy(learn.opt.state_dict(), old.get("optimizer"))
-            if learn.opt is not None
-            else None
-        )
-    else:
-        model = to_cpu(learn.model.state_dict())
-        opt = to_cpu(learn.opt.state_dict()) if learn.opt is not None else None
+    earlier = reuse or {}
+
+    def to_host(part: Any, name: str) -> Any:
+        return host_copy(part, earlier.get(name)) if copy else to_cpu(part)
+
     return {
         "format": FORMAT_VERSION,
-        "model": model,
-        "optimizer": opt,
+        "model": to_host(learn.model.state_dict(), "model"),
+        "optimizer": to_host(learn.opt.state_dict(), "optimizer")
+        if learn.opt is not None
+        else None,
         "epoch": epoch,
         "lr": lr,
         "spec": spec,
@@ -101,7 +97,7 @@ def host_copy(state: Any, reuse: Any = None) -> Any:
     sizes: dict[torch.dtype, int] = {}
     for tensor in _tensors_of(state):
         sizes[tensor.dtype] = sizes.get(tensor.dtype, 0) + tensor.numel()
-    old_blocks = {tensor.dtype: tensor for tensor in reversed(_tensors_of(reuse))}
+    old_blocks = {tensor.dtype: tensor for tensor in _tensors_of(reuse)}  # any: one block
     blocks = {dtype: _block(old_blocks.get(dtype), dtype, size) for dtype, size in sizes.items()}
     used = dict.fromkeys(sizes, 0)
 
@@ -155,6 +151,22 @@ def write_checkpoint(job_dir: Path, state: dict[str, Any]) -> Path:
     return final
 
 
+class WriteInterval:
+    """When a checkpoint is due: at the last epoch, or once `interval_s` has passed since the
+    last write (or since training began)."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic):
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last_write = clock()
+
+    def due(self, last: bool) -> bool:
+        return last or self._clock() - self._last_write >= self.interval_s
+
+    def written(self) -> None:
+        self._last_write = self._clock()
+
+
 class CheckpointWriter:
     """Keeps each epoch's state and writes it as the job's checkpoint, at most every
     `interval_s` seconds (and whenever `save` is told it is the `last`), on a background
@@ -184,9 +196,7 @@ class CheckpointWriter:
         self.background = background
         # Called with the file and its epoch once a checkpoint is on disk (the upload).
         self.after_write = after_write
-        self.interval_s = interval_s
-        self._clock = clock
-        self._last_write = clock()
+        self.interval = WriteInterval(interval_s, clock)
         self._kept: dict[str, Any] | None = None
         self._thread: threading.Thread | None = None
         self._failure: Exception | None = None
@@ -203,13 +213,13 @@ class CheckpointWriter:
     ) -> None:
         """The state after `epoch`: written now if the interval has passed or it is the last
         epoch, else kept in memory for `flush` or the next write."""
-        copy = self.background or self.interval_s > 0
+        copy = self.background or self.interval.interval_s > 0
         # The state kept from the epoch before was never written: its memory takes this one.
         superseded, self._kept = self._kept, None
         state = checkpoint_state(
             learn, epoch=epoch, lr=lr, spec=spec, copy=copy, tracker=tracker, reuse=superseded
         )
-        if last or self._clock() - self._last_write >= self.interval_s:
+        if self.interval.due(last):
             self._write(state)
         else:
             self._kept = state
@@ -223,7 +233,7 @@ class CheckpointWriter:
     def _write(self, state: dict[str, Any]) -> None:
         self.wait()
         self._kept = None
-        self._last_write = self._clock()
+        self.interval.written()
         if not self.background:
             self._written(write_checkpoint(self.job_dir, state), state["epoch"])
             return

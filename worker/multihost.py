@@ -134,12 +134,10 @@ def from_process_0(value: T) -> T:
 def share_batch_size(bs: int, processes: int) -> int:
     """How many images of each global batch of `bs` one of `processes` processes loads."""
     if bs % processes:
-        lower = bs - bs % processes
-        suggestions = [str(size) for size in (lower, lower + processes) if size > 0]
         raise ShareError(
             f"batch size {bs} cannot be shared evenly by the {processes} processes of this "
             f"slice: each host loads bs / {processes} images of every batch, so use a "
-            f"multiple of {processes} (e.g. {' or '.join(suggestions)})"
+            f"multiple of {processes} (e.g. {spmd.nearest_multiples(bs, processes)})"
         )
     return bs // processes
 
@@ -347,9 +345,7 @@ class DistributedCheckpoints:
             )
         except Exception as exc:
             raise unavailable(self.url, exc) from exc
-        self.interval_s = interval_s
-        self._clock = clock
-        self._last_write = clock()
+        self.interval = checkpoint.WriteInterval(interval_s, clock)
 
     def save(
         self,
@@ -362,8 +358,7 @@ class DistributedCheckpoints:
         tracker: dict[str, Any] | None = None,
     ) -> None:
         """In every process at `epoch`'s end: the state after it, written if it is due."""
-        due = last or self._clock() - self._last_write >= self.interval_s
-        if not from_process_0(due):
+        if not from_process_0(self.interval.due(last)):
             return
         state = checkpoint.checkpoint_state(learn, epoch=epoch, lr=lr, spec=spec, tracker=tracker)
         try:
@@ -373,7 +368,7 @@ class DistributedCheckpoints:
                 f"cannot write the distributed checkpoint of epoch {epoch + 1} to "
                 f"{self.url}/{epoch}: {first_line(exc)}"
             ) from exc
-        self._last_write = self._clock()
+        self.interval.written()
         log.info("distributed checkpoint of epoch %d written to %s/%d", epoch + 1, self.url, epoch)
 
     def flush(self) -> None:

@@ -77,14 +77,18 @@ def devices_to_use(cores: int | None, available: int, device_type: str) -> int:
 def per_device_batch_size(bs: int, devices: int) -> int:
     """The share of a global batch of `bs` images each device computes."""
     if bs % devices:
-        lower = bs - bs % devices
-        suggestions = [str(size) for size in (lower, lower + devices) if size > 0]
         raise DeviceRequestError(
             f"batch size {bs} cannot be split evenly over {devices} XLA devices: the global "
             f"batch is divided among them, so use a multiple of {devices} "
-            f"(e.g. {' or '.join(suggestions)})"
+            f"(e.g. {nearest_multiples(bs, devices)})"
         )
     return bs // devices
+
+
+def nearest_multiples(bs: int, parts: int) -> str:
+    """The batch sizes next to `bs` that `parts` divide, for a message: "48 or 64"."""
+    lower = bs - bs % parts
+    return " or ".join(str(size) for size in (lower, lower + parts) if size > 0)
 
 
 @dataclass
