@@ -103,6 +103,16 @@ def test_a_job_trains_over_every_device_with_the_batch_split(sqlite_engine, smal
         assert report.summary["device_syncs"] == report.summary["execute_count"]
 
 
+def test_a_report_read_right_after_a_step_counts_every_sync_as_an_execution(data_dir):
+    """A report counts an execution's dispatch and its completion at two moments; read between
+    them it would show one sync more than executions. `read_summary` waits for the device."""
+    probed = _probe("reports", **TWO_CPU_DEVICES)
+
+    assert probed["label"] == "xla:CPU (2 devices, SPMD data parallel)"
+    assert probed["reads"] == 1000
+    assert probed["mismatched"] == []
+
+
 def test_a_batch_that_does_not_split_evenly_fails_the_job_with_the_reason(
     sqlite_engine, small_digits
 ):

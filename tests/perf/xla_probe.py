@@ -4,6 +4,7 @@ compilation cache are set once per process). Each prints one JSON line.
     python -m tests.perf.xla_probe place     # a fastai batch placed over the SPMD mesh
     python -m tests.perf.xla_probe compile   # one small training step, with the data folder's cache
     python -m tests.perf.xla_probe train     # a small batch-norm CNN on the digits, fastai's fit
+    python -m tests.perf.xla_probe reports   # the summary read right after each of many steps
 """
 
 from __future__ import annotations
@@ -59,6 +60,33 @@ def compile_step() -> dict:
     return summary
 
 
+STEPS = 1000
+
+
+def reports() -> dict:
+    """Many small SPMD steps, each followed by a host read of its result and a summary: the
+    moment the epoch-end report is read, repeated until a read between an execution's dispatch
+    and its completion callback would have been caught (about 1 read in 40 before the wait)."""
+    import torch
+    import torch_xla
+
+    from worker import xla_report
+    from worker.training import open_device
+
+    setup = open_device("xla")
+    weights = torch.randn(256, 256).to(setup.device)
+    mismatched = []
+    for step in range(STEPS):
+        weights = (weights @ torch.randn(256, 256).to(setup.device)).tanh()
+        total = weights.sum()
+        torch_xla.sync()
+        total.item()
+        summary = xla_report.read_summary()
+        if summary["device_syncs"] != summary["execute_count"]:
+            mismatched.append([step, summary["device_syncs"], summary["execute_count"]])
+    return {"label": setup.label, "reads": STEPS, "mismatched": mismatched}
+
+
 def train() -> dict:
     """The worker's data pipeline, device setup and XLA callbacks around a small batch-norm CNN
     (resnet18 takes minutes to compile on XLA's CPU backend), trained on all the digits."""
@@ -106,7 +134,7 @@ def train() -> dict:
     }
 
 
-PROBES = {"place": place, "compile": compile_step, "train": train}
+PROBES = {"place": place, "compile": compile_step, "train": train, "reports": reports}
 
 if __name__ == "__main__":
     print(json.dumps(PROBES[sys.argv[1]]()))
