@@ -18,7 +18,7 @@ import streamlit as st
 from common import store
 from dashboard import actions, charts, diagnostics_view, labels_view, xla
 from dashboard.downloads import link_for
-from dashboard.format import between, duration, plain, size
+from dashboard.format import between, duration, plain, since, size
 from dashboard.labels_view import LabelsOwner
 from dashboard.live import LiveJob
 from dashboard.nav import SWEEPS_PAGE
@@ -27,6 +27,7 @@ from dashboard.state import get_engine
 from dashboard.system_view import system_tab
 from db.artifacts import list_artifacts
 from db.engine import Engine
+from db.gang import members
 from db.joblist import job_number
 from db.jobs_table import find_jobs, jobs_by_id, progress_fraction
 from db.labels import job_labels, set_labels
@@ -125,6 +126,40 @@ def show_failure(job: Job) -> None:
     if len(lines) > 1:
         with st.expander("Traceback", expanded=True):
             st.code(job.error, language="python")
+
+
+def hosts_table(engine: Engine, job: Job) -> pd.DataFrame:
+    """The hosts of the job's latest attempt (db.gang), by host number. The ages are in whole
+    seconds; a host whose process has not reached the start barrier has no progress time."""
+    rows = members(engine, job.id, job.lease)
+
+    def age(moment):
+        seconds = since(moment)
+        return None if seconds is None else max(0, round(seconds))
+
+    return pd.DataFrame(
+        {
+            "host": [row.host for row in rows],
+            "worker": [row.worker_id for row in rows],
+            "state": [row.state for row in rows],
+            "s since heartbeat": pd.array([age(row.heartbeat_at) for row in rows], "Int64"),
+            "s since progress": pd.array([age(row.progress_at) for row in rows], "Int64"),
+        }
+    )
+
+
+def show_hosts(engine: Engine, job: Job) -> None:
+    """A multi-host job's hosts: who joined its latest attempt, their state, and how long
+    ago each last beat and trained a step (what host 0's supervisor judges them by)."""
+    if job.hosts <= 1:
+        return
+    table = hosts_table(engine, job)
+    if not len(table):
+        st.caption(f"Hosts: none of the {job.hosts} has joined an attempt yet.")
+        return
+    st.markdown(f"**Hosts** · {len(table)} of {job.hosts} joined the latest attempt")
+    # A dataframe shows the worker ids and states as text.
+    st.dataframe(table, hide_index=True, width="stretch")
 
 
 # --- tags and note --------------------------------------------------------------------------
@@ -398,6 +433,7 @@ def live_part(job_id: int) -> None:
         st.rerun(scope="app")  # the buttons and the refresh timer depend on the status
     show_progress(job)
     show_failure(job)
+    show_hosts(engine, job)
     # Lazy tabs: only the open one runs. Every live refresh would otherwise rebuild every
     # tab's figures and tables, which is what limits how many people can watch at once.
     tabs = st.tabs([title for title, _ in JOB_TABS], key=TAB_KEY, on_change="rerun")

@@ -8,13 +8,14 @@ from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from sqlalchemy import update
 from streamlit.testing.v1 import AppTest
 
-from db import queue
+from db import gang, queue
 from db.engine import dispose_engines, write_tx
-from db.models import Worker, utcnow
+from db.models import JobHost, Worker, utcnow
 from db.telemetry import add_events
 from db.workers import register_worker, worker_heartbeat
 from tests.support import seed
@@ -284,6 +285,43 @@ def test_job_page_shows_a_failed_jobs_error_and_traceback(sqlite_engine):
     at = open_page("pages/job.py", job=failed_id)
     assert "The job failed: RuntimeError: CUDA out of memory" in [shown(e.value) for e in at.error]
     assert any('File "worker/train.py"' in code.value for code in at.code)
+
+
+def test_job_page_shows_a_multi_host_jobs_hosts(engine):
+    job_id = queue.submit(engine, {"name": "pod run", "hosts": 2})
+    lease = queue.claim(engine, "vm-0:*7*", slice_name="pod", hosts=2).lease.lease
+    gang.join(engine, "vm-1:[x](y)", "pod", 2, 1)
+    host_0 = gang.Seat(job_id, lease, 0)
+    gang.mark_ready(engine, host_0)
+    gang.record_progress(engine, host_0, 5)
+    gang.leave(engine, host_0, "died", "killed")
+    an_hour_ago = utcnow() - timedelta(hours=1)
+    with write_tx(engine) as connection:  # host 1 beat an hour ago and never got ready
+        connection.execute(
+            update(JobHost).where(JobHost.host == 1).values(heartbeat_at=an_hour_ago)
+        )
+
+    at = open_page("pages/job.py", job=job_id)
+
+    assert "Hosts · 2 of 2 joined the latest attempt" in texts(at)
+    table = at.dataframe[0].value
+    assert table["host"].tolist() == [0, 1]
+    assert table["worker"].tolist() == ["vm-0:*7*", "vm-1:[x](y)"]  # as text
+    assert table["state"].tolist() == ["died", "joined"]
+    heartbeat, progress = table["s since heartbeat"], table["s since progress"]
+    assert 0 <= heartbeat[0] < 600 and 0 <= progress[0] < 600
+    assert 3600 <= heartbeat[1] < 3600 + 600 and pd.isna(progress[1])
+
+
+def test_job_page_of_a_one_host_job_shows_no_hosts(sqlite_engine):
+    live = seed.running_job(sqlite_engine)
+    at = open_page("pages/job.py", job=live.id)
+    assert "Hosts" not in texts(at)
+    assert all("worker" not in frame.value.columns for frame in at.dataframe)
+    queued = queue.submit(sqlite_engine, {"name": "pod run", "hosts": 4})
+    at = open_page("pages/job.py", job=queued)
+    assert "Hosts: none of the 4 has joined an attempt yet." in texts(at)
+    assert not at.dataframe
 
 
 def test_job_page_with_an_unknown_or_malformed_job(sqlite_engine):
