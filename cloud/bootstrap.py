@@ -7,10 +7,12 @@ multi-host slice (`slice_hosts` > 1, requested as a queued resource by `cloud.sl
 host runs the same script and starts its own worker, with `--worker-id tpu-<node name>` and
 `TRAINDECK_SLICE=<node name>` on each: the worker finds its host number N as libtpu does and
 names itself `tpu-<node name>-host<N>` on host N > 0 (`cloud.tpu.worker_id_for_host`). The
-script learns N too, from the TPU metadata server (`instance/attributes/agent-worker-number`)
-or `TPU_WORKER_ID` where the server does not answer: a host that cannot tell starts no worker,
-and the worker's environment file records it (`TRAINDECK_HOST_INDEX`). Running one job across
-the hosts is the workers' business (gang execution); none of it was ever run on a real slice.
+script learns N first, from the TPU metadata server (`instance/attributes/agent-worker-number`)
+or `TPU_WORKER_ID` where the server does not answer, only so that a host that cannot tell
+starts no worker. It hands the worker no host number: the worker finds its place itself from
+the sources its job process's libtpu reads (`worker.tpu_slice`), and a number without the
+slice's host addresses could not run a job anyway. Running one job across the hosts is the
+workers' business (gang execution); none of it was ever run on a real slice.
 
 Ours installs Python 3.11, brings
 traindeck onto the VM (a git repository or a tarball), installs the pinned stack from
@@ -174,7 +176,6 @@ def build_startup_script(settings: BootstrapSettings) -> str:
         raise ValueError(" ".join(problems))
     values = {"WORKER_ID": settings.worker_id}
     if settings.is_slice:
-        # Each host sets TRAINDECK_HOST_INDEX once it knows its number.
         values |= {"TRAINDECK_SLICE": settings.node_name, "SLICE_HOSTS": str(settings.slice_hosts)}
     values |= {
         "SOURCE_URL": settings.source_url,
@@ -282,8 +283,7 @@ TRAINDECK_DATA=$TRAINDECK_DATA
 PJRT_DEVICE=TPU
 ENV
         if [ -n "${TRAINDECK_SLICE:-}" ]; then
-            printf 'TRAINDECK_SLICE=%s\nTRAINDECK_HOST_INDEX=%s\n' "$TRAINDECK_SLICE" \
-                "$TRAINDECK_HOST_INDEX" >>"$ENV_FILE"
+            printf 'TRAINDECK_SLICE=%s\n' "$TRAINDECK_SLICE" >>"$ENV_FILE"
         fi
     )
     cat >"$UNIT_FILE" <<UNIT
@@ -331,7 +331,8 @@ if [ "${TRAINDECK_BOOTSTRAP_DEFINE_ONLY:-0}" != 1 ]; then
 fi
 """
 
-# Every host of a slice runs the same script: each asks which host it is first.
+# Every host of a slice runs the same script: each asks which host it is first, and starts no
+# worker when it cannot tell. Its worker finds its place again itself (worker.tpu_slice).
 SLICE_STEPS = r"""
 METADATA_RETRIES=5
 
@@ -355,8 +356,8 @@ learn_host_index() {
         echo "error: host $index of a slice of $SLICE_HOSTS hosts: no worker is started" >&2
         return 1
     fi
-    TRAINDECK_HOST_INDEX=$((10#$index))
-    echo "== host $TRAINDECK_HOST_INDEX of the $SLICE_HOSTS hosts of slice $TRAINDECK_SLICE"
+    HOST_INDEX=$((10#$index))
+    echo "== host $HOST_INDEX of the $SLICE_HOSTS hosts of slice $TRAINDECK_SLICE"
 }
 """
 

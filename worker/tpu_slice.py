@@ -15,6 +15,10 @@ The slice's name is TRAINDECK_SLICE where set, else the TPU's name, else host 0'
 host of a slice finds the same one. One host (or no TPU at all) is no slice: None; but a worker
 given TRAINDECK_SLICE that can find its place neither way refuses to start, rather than take
 single-host jobs on a slice's host.
+
+The startup script (`cloud.bootstrap`) hands the worker TRAINDECK_SLICE, but no host number:
+the number found here comes from what the job process's libtpu reads, so the two agree, and
+a number without the hosts' addresses could not run a gang's job anyway.
 """
 
 from __future__ import annotations

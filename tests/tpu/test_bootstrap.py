@@ -373,7 +373,9 @@ def test_each_host_learns_its_number_from_the_metadata_server(tmp_path: Path, me
 
     assert result.returncode == 0, result.stderr
     environment = (tmp_path / "etc" / "traindeck" / "worker.env").read_text().splitlines()
-    assert environment[-2:] == ["TRAINDECK_SLICE=pod-1", "TRAINDECK_HOST_INDEX=2"]
+    # The worker finds its number itself (worker.tpu_slice), as its job process's libtpu does.
+    assert environment[-1] == "TRAINDECK_SLICE=pod-1"
+    assert not any("HOST_INDEX" in line for line in environment)
     unit = (tmp_path / "etc" / "traindeck-worker.service").read_text()
     assert "-m worker --worker-id tpu-pod-1\n" in unit
     assert "== host 2 of the 4 hosts of slice pod-1" in result.stdout
@@ -386,7 +388,7 @@ def test_without_the_metadata_server_tpu_worker_id_decides(tmp_path: Path, host:
         f"GCE_METADATA_HOST=127.0.0.1:1; METADATA_RETRIES=0; TPU_WORKER_ID={host}\n"
         "install_system_packages() { echo install; }; fetch_source() { echo fetch; }\n"
         "install_python_stack() { echo stack; }; write_worker_service() {\n"
-        '    echo "service $WORKER_ID $TRAINDECK_SLICE $TRAINDECK_HOST_INDEX"; }\n'
+        '    echo "service $WORKER_ID $TRAINDECK_SLICE $HOST_INDEX"; }\n'
         'systemctl() { echo "systemctl $*"; }\n'
         "main"
     )
