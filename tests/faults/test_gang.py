@@ -1,7 +1,7 @@
-"""Multi-host jobs on one machine: two worker processes pose as the two hosts of one TPU pod
-slice (TPU_WORKER_ID 0 and 1, TPU_WORKER_HOSTNAMES naming two hosts), each with a data folder
-of its own, one Postgres queue, and the store on the Cloud Storage emulator, from which every
-host resumes.
+"""Multi-host jobs on one machine: two (or four) worker processes pose as the hosts of one TPU
+pod slice (TPU_WORKER_ID 0, 1, …, TPU_WORKER_HOSTNAMES naming as many hosts), each with a data
+folder of its own, one Postgres queue, and the store on the Cloud Storage emulator, from which
+every host resumes.
 
 What these tests check is the orchestration, not multi-host training, which needs a real
 slice: torch_xla's CPU backend runs one process only, so the hosts' job processes cannot form
@@ -56,17 +56,18 @@ STEPS_PER_EPOCH = 5  # 10 digits × 10 classes, 80% for training, batches of 16
 
 @pytest.fixture
 def hosts(tmp_path: Path, gcs):
-    """Starts the worker of host N of the slice; every worker started is killed at the end."""
+    """Starts the worker of host N of a slice of `slice_hosts`; every worker started is killed
+    at the end."""
     started: list[subprocess.Popen[str]] = []
 
-    def start(host: int, *args: str, **env: str) -> subprocess.Popen[str]:
+    def start(host: int, *args: str, slice_hosts: int = 2, **env: str) -> subprocess.Popen[str]:
         data = tmp_path / f"host{host}"
         data.mkdir(exist_ok=True)
         worker = start_worker(
             "--device", "cpu", "--poll-interval", "0.5", "--worker-id", f"w{host}", *args,
             TRAINDECK_DATA=str(data),
             TPU_WORKER_ID=str(host),
-            TPU_WORKER_HOSTNAMES="host0,host1",
+            TPU_WORKER_HOSTNAMES=",".join(f"host{n}" for n in range(slice_hosts)),
             TRAINDECK_SLICE=SLICE,
             TRAINDECK_HEARTBEAT_INTERVAL="0.5",
             TRAINDECK_HEARTBEAT_TIMEOUT="20",
@@ -187,6 +188,44 @@ def test_a_two_host_job_trains_once_both_hosts_are_ready_and_only_process_0_writ
     assert any(m.startswith("host 1: process 1 of 2: trains like process 0") for m in messages), (
         messages
     )
+
+
+def test_a_four_host_job_trains_once_all_four_joined_and_only_process_0_writes(
+    engine, digits_dataset, hosts
+):
+    spec = {**JOB, "hosts": 4, "dataset": digits_dataset(per_class=PER_CLASS), "epochs": 1}
+    job_id = queue.submit(engine, {**spec, "max_attempts": 1})
+    workers = [hosts(host, "--max-jobs", "1", slice_hosts=4) for host in range(3)]
+    wait_for(
+        lambda: gang.ready_hosts(engine, job_id, 1) == 3, 240, "hosts 0-2 at the start barrier"
+    )
+    assert _batch_steps(engine, job_id) == [] and queue.get_job(engine, job_id).step == 0
+
+    workers.append(hosts(3, "--max-jobs", "1", slice_hosts=4))
+    for worker in workers:
+        _finish(worker)
+    job = queue.get_job(engine, job_id)
+    assert (job.status, job.attempts) == ("succeeded", 1), job.error
+    rows = gang.members(engine, job_id, 1)
+    assert [(row.host, row.step) for row in rows] == [(host, STEPS_PER_EPOCH) for host in range(4)]
+    # Host 0 ends the attempt through the job's status; the others leave their rows.
+    assert [row.state for row in rows[1:]] == ["done"] * 3
+    # One point per step, from process 0 alone, and none before the fourth host was ready.
+    assert _batch_steps(engine, job_id) == list(range(STEPS_PER_EPOCH))
+    assert count_metric_duplicates(engine, job_id) == 0
+    first_point = min(
+        row.wall_time
+        for row in telemetry.metrics_since(engine, job_id)
+        if row.name.startswith("batch/")
+    )
+    assert first_point >= max(row.ready_at for row in rows).timestamp()
+    messages = _messages(engine, job_id)
+    assert "all 4 hosts of slice test-slice are at the start barrier: training starts" in messages
+    for host in (1, 2, 3):
+        assert any(
+            m.startswith(f"host {host}: process {host} of 4: trains like process 0")
+            for m in messages
+        ), messages
 
 
 def test_a_killed_or_hung_host_requeues_the_whole_job_which_resumes_from_the_store(
