@@ -17,12 +17,18 @@ from tests.support.xla_compiles import assert_compiles_stop_after_the_first_epoc
 pytestmark = [pytest.mark.slow, pytest.mark.xla]
 
 
-def test_xla_job_learns_reports_every_epoch_and_stops_compiling(sqlite_engine, small_digits):
-    dataset = small_digits(per_class=60)
+# The recipe users bring from the fastai-on-TPU how-to (issue 13): aug_transforms, bf16,
+# gradient accumulation and clipping. Measured on XLA-CPU, 16 px, 3 epochs of the digits:
+# bs 32 at lr 3e-3 reached accuracy 0.90 with seeds 1 and 2 (bs 64 at 1e-3: 0.82, at 3e-3: 0.85).
+RECIPE = {"augment": True, "mixed_precision": "bf16", "grad_accum": 2, "grad_clip": 1.0}
+
+
+def test_the_xla_recipe_learns_falls_back_never_and_stops_compiling(sqlite_engine, small_digits):
+    dataset = small_digits(per_class=200, name="all-digits")  # 1,797 images
     job_id = queue.submit(
         sqlite_engine,
-        {"dataset": dataset, "arch": "resnet18", "epochs": 3, "lr": 1e-2, "img_size": 16,
-         "bs": 16, "device": "xla"},
+        {"dataset": dataset, "arch": "resnet18", "epochs": 3, "lr": 3e-3, "img_size": 16,
+         "bs": 32, "seed": 1, "device": "xla", **RECIPE},
     )  # fmt: skip
     result = run_worker("--once", PJRT_DEVICE="CPU")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -33,7 +39,7 @@ def test_xla_job_learns_reports_every_epoch_and_stops_compiling(sqlite_engine, s
     # The model was on the device before the optimizer existed: it learns. (Built the other
     # way round, the optimizer updates stale CPU copies and accuracy stays at chance, 10%.)
     accuracy = telemetry.final_metrics(sqlite_engine, [job_id])[job_id]["accuracy"]
-    assert accuracy >= 0.5, accuracy
+    assert accuracy >= 0.85, accuracy
     # The prefetch thread's queue wait, as a share of each epoch's training pass.
     waits = telemetry.metric_series(sqlite_engine, job_id, telemetry.INPUT_WAIT_SHARE)
     assert [step for step, _ in waits] == [0, 1, 2]
