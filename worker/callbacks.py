@@ -10,6 +10,7 @@ those chunks, a few steps late, instead of from fastai's Recorder at every batch
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import math
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from fastai.callback.core import Callback, CancelFitException
 from fastai.callback.schedule import LRFinder
+from torch import nn
 
 from db.telemetry import BATCH, EPOCH, MetricPoint
 from worker import device_values
@@ -384,13 +386,51 @@ class XlaReportCallback(TrainedEpochCallback):
         self.previous = summary
 
 
+def conv_in_fp32_on_one_pixel(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """A strided convolution, in float32 when its input is a single pixel.
+
+    On the CPU, oneDNN's bf16 convolution backward leaves part of the weight gradient
+    unwritten when a strided 3×3 convolution with padding sees a 1×1 input (torch 2.9: the
+    padding-only taps of the kernel come back as whatever the memory held, NaN or 1e37 in 1 of
+    10 draws, measured against the float32 gradient). resnet18 at 16 px feeds layer4 exactly
+    that; bf16 jobs on a CPU worker then diverged or ended near chance. One pixel costs
+    nothing in float32.
+    """
+    if x.shape[-2:] == (1, 1):
+        with torch.autocast("cpu", enabled=False):
+            return type(module).forward(module, x.float())
+    return type(module).forward(module, x)
+
+
 class AutocastCallback(Callback):
-    """bf16 autocast around the forward pass and the loss (XLA, CUDA or CPU); no loss scaling."""
+    """bf16 autocast around the forward pass and the loss (XLA, CUDA or CPU); no loss scaling.
+
+    On the CPU, strided convolutions compute a one-pixel input in float32 while the fit runs
+    (`conv_in_fp32_on_one_pixel` says why); the layers keep their class, and nothing of it
+    is pickled into the export.
+    """
 
     order = 10
 
     def __init__(self, device_type: str):
         self.device_type = device_type
+        self.patched: list[nn.Conv2d] = []
+
+    def before_fit(self) -> None:
+        if self.device_type != "cpu":
+            return
+        self.patched = [
+            module
+            for module in self.learn.model.modules()
+            if isinstance(module, nn.Conv2d) and max(module.stride) > 1
+        ]
+        for conv in self.patched:
+            conv.forward = functools.partial(conv_in_fp32_on_one_pixel, conv)
+
+    def after_fit(self) -> None:
+        for conv in self.patched:
+            conv.__dict__.pop("forward", None)
+        self.patched = []
 
     def before_batch(self) -> None:
         self._autocast = torch.autocast(self.device_type, dtype=torch.bfloat16)
