@@ -89,6 +89,8 @@ def bare_fit(learn: Any, place: Any, epochs: int) -> tuple[float, float]:
 
     model, opt, dls = learn.model, learn.opt, learn.dls
     loss = accuracy = float("nan")
+    collecting_automatically = gc.isenabled()
+    gc.disable()  # as XlaStepCallback: only the step's own collections run
     for _ in range(epochs):
         gc.collect()  # as XlaStepCallback: frozen, the per-step full collection stays cheap
         gc.freeze()
@@ -120,6 +122,8 @@ def bare_fit(learn: Any, place: Any, epochs: int) -> tuple[float, float]:
             host_loss, host_correct = read_to_host([total_loss, correct])
             loss, accuracy = float(host_loss) / count, float(host_correct) / count
     gc.unfreeze()
+    if collecting_automatically:
+        gc.enable()
     return loss, accuracy
 
 

@@ -323,9 +323,20 @@ class XlaStepCallback(Callback):
     as two more outputs, a new validation graph in epoch 2 or 3 (seen on the recipe). So every
     sync follows a full collection, kept cheap by freezing what exists at each epoch's start
     (`gc.freeze`: the collection skips it), and the fit's end unfreezes it.
+
+    While the fit runs, Python's automatic collections are off: these collections are the
+    only ones. CPython (3.11) returns from `gc.collect()` at once, collecting nothing, while a
+    collection is in progress in another thread, and an automatic one in the prefetch thread
+    is in progress for as long as a finalizer it runs has let go of the GIL. On a loaded
+    machine that happened now and then, and the step's sync took the batch transforms'
+    intermediate tensors in as extra outputs: a new validation graph after the first epoch.
     """
 
     order = -20
+
+    def before_fit(self) -> None:
+        self.collecting_automatically = gc.isenabled()
+        gc.disable()
 
     def before_epoch(self) -> None:
         gc.collect()
@@ -339,6 +350,8 @@ class XlaStepCallback(Callback):
 
     def after_fit(self) -> None:
         gc.unfreeze()
+        if getattr(self, "collecting_automatically", False):
+            gc.enable()
 
 
 class XlaReportCallback(TrainedEpochCallback):

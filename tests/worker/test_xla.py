@@ -99,6 +99,65 @@ def test_the_step_sync_leaves_cyclic_garbage_out_of_the_graph():
     assert old == "0", "the sync compiled a graph for tensors of an old unreachable cycle"
 
 
+STEP_WHILE_ANOTHER_THREAD_COLLECTS = """
+import gc, threading
+import torch, torch_xla
+import torch_xla.debug.metrics as met
+from worker.callbacks import XlaStepCallback
+
+step = torch.ones(4, device=torch_xla.device()) * 3
+torch_xla.sync()
+callback = XlaStepCallback()
+callback.before_fit()
+outcome, decided, release = [], threading.Event(), threading.Event()
+
+class HoldsTheCollection:
+    # A finalizer that lets go of the GIL: while it waits, its collection is in progress.
+    # (Collected on the main thread instead, by the step's own collection, it just goes.)
+    def __del__(self):
+        if threading.current_thread() is thread:
+            outcome.append("collecting")
+            decided.set()
+            release.wait(60)
+
+def loading_thread():
+    held = HoldsTheCollection()
+    held.cycle = held
+    del held
+    # Enough allocations for an automatic collection of the young generation, if one may run.
+    kept = [[] for _ in range(10 * gc.get_threshold()[0])]
+    outcome.append("allocated")
+    decided.set()
+
+thread = threading.Thread(target=loading_thread)
+thread.start()
+decided.wait(60)
+compiles = met.metric_data("CompileTime")[0]
+garbage = [step * 7]
+garbage.append(garbage)
+del garbage
+callback.after_batch()
+print(outcome[0], met.metric_data("CompileTime")[0] - compiles)
+release.set()
+thread.join()
+callback.after_fit()
+print(gc.isenabled())
+"""
+
+
+def test_another_threads_collection_cannot_keep_garbage_in_the_steps_graph():
+    """CPython's gc.collect() does nothing while another thread's collection is in progress
+    (one whose finalizer let go of the GIL): under load, an automatic collection in the
+    prefetch thread left the batch transforms' cycles alive at the step's sync, a new graph.
+    During the fit only the step's own collections run; the fit's end turns them back on."""
+    first, compiled, enabled_after = run_python(
+        STEP_WHILE_ANOTHER_THREAD_COLLECTS, PJRT_DEVICE="CPU"
+    ).split()[-3:]
+    assert first == "allocated", "an automatic collection ran in another thread during the fit"
+    assert compiled == "0", "the sync compiled a graph for unreachable tensors"
+    assert enabled_after == "True"
+
+
 def _series(engine, job_id: int, name: str) -> tuple[list[int], list[float]]:
     points = telemetry.metric_series(engine, job_id, name)
     return [step for step, _ in points], [value for _, value in points]
