@@ -186,7 +186,7 @@ async def stream_file(
     if request.method == "HEAD":
         return Response(media_type="application/octet-stream", headers=headers)
     return StreamingResponse(
-        store.iter_chunks(url), media_type="application/octet-stream", headers=headers
+        store.aiter_chunks(url), media_type="application/octet-stream", headers=headers
     )
 
 
