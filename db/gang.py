@@ -6,7 +6,8 @@ attempt; the workers on the slice's other hosts `join` that attempt. Each host's
 marks itself `ready` at the start barrier and waits until every host's is (`ready_hosts`):
 nobody trains before. Each host's supervisor `beat`s its row, and its job process records each
 step it trains (`record_progress`), so that a host whose worker went away, or whose process
-hangs while its worker still beats, shows. A host whose process ended says why (`leave`).
+hangs while its worker still beats, shows. A host whose process ended says why (`leave`);
+host 0 says it in the transaction that ends the attempt (`Departure`).
 
 Host 0's supervisor reads the rows (`members`), judges the gang (`worker.gang`), and ends the
 attempt through `db.queue` (requeued, released or failed, the reason in the job's log); the
@@ -231,17 +232,45 @@ def record_progress(engine: Engine, seat: Seat, step: int) -> bool:
         )
 
 
-def leave(engine: Engine, seat: Seat, state: str, reason: str | None = None) -> bool:
-    """The host's job process ended: `done`, `failed` (its error in `reason`), `died` or
-    `left` (see db.models.HOST_STATES). False when it had already left."""
+def _check_leaving(state: str) -> None:
     if state not in HOST_STATES or state == "joined":
         raise ValueError(f"a host leaves as one of {HOST_STATES[1:]}, not {state!r}")
+
+
+def _leaving(seat: Seat, state: str, reason: str | None) -> Any:
+    return (
+        update(JobHost)
+        .where(_seat(seat) & (JobHost.state == "joined"))
+        .values(state=state, reason=reason)
+    )
+
+
+@dataclass(frozen=True)
+class Departure:
+    """How host 0 leaves its seat when its worker ends the attempt through the job's status
+    (db.queue runs `host_zero_leaves` in that change's transaction: the job page never shows
+    a finished job whose host 0 still sits in the attempt). The states are `leave`'s."""
+
+    state: str
+    reason: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_leaving(self.state)
+
+
+def host_zero_leaves(lease: Lease, departure: Departure) -> Any:
+    """The statement that ends host 0's seat in the attempt `lease` holds (a single-host job's
+    attempt has no seat: it touches nothing)."""
+    return _leaving(Seat(lease.job_id, lease.lease, 0), departure.state, departure.reason)
+
+
+def leave(engine: Engine, seat: Seat, state: str, reason: str | None = None) -> bool:
+    """The host's job process ended: `done`, `failed` (its error in `reason`), `died` or
+    `left` (see db.models.HOST_STATES). False when it had already left. (Host 0 leaves with
+    the job's own change: `Departure`.)"""
+    _check_leaving(state)
     with write_tx(engine) as connection:
-        changed = connection.execute(
-            update(JobHost)
-            .where(_seat(seat) & (JobHost.state == "joined"))
-            .values(state=state, reason=reason)
-        ).rowcount
+        changed = connection.execute(_leaving(seat, state, reason)).rowcount
         if changed and state != "done":
             level = "warning" if state == "left" else "error"
             message = f"host {seat.host} left the attempt ({state})" + (

@@ -15,7 +15,7 @@ import select as select_module
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, delete, func, insert, select, text, update
 from sqlalchemy.orm import Session
@@ -24,6 +24,9 @@ from db import alerts
 from db.engine import is_sqlite, read_tx, write_tx
 from db.models import FINISHED_STATUSES, Job, JobEvent, utcnow
 from db.spec import JobSpec, SpecError, batch_size_problem, parse_spec
+
+if TYPE_CHECKING:
+    from db.gang import Departure
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,15 @@ def _owned(lease: Lease):
 
 def _event(job_id: int, level: str, message: str) -> Any:
     return insert(JobEvent).values(job_id=job_id, time=utcnow(), level=level, message=message)
+
+
+def _host_zero_leaves(connection: Any, lease: Lease, departure: Departure | None) -> None:
+    """A multi-host job's host 0 leaves its seat (db.gang) in the transaction that ends its
+    attempt, first: its process ended, whether or not the lease was still held."""
+    if departure is not None:
+        from db.gang import host_zero_leaves
+
+        connection.execute(host_zero_leaves(lease, departure))
 
 
 # --- submit ---------------------------------------------------------------------------------
@@ -265,15 +277,23 @@ def set_progress(
     return result.rowcount == 1
 
 
-def finish(engine: Engine, lease: Lease, status: str, error: str | None = None) -> bool:
-    """End a running job as succeeded, failed, cancelled or (a sweep's trial) pruned. False
-    when the lease was lost."""
+def finish(
+    engine: Engine,
+    lease: Lease,
+    status: str,
+    error: str | None = None,
+    *,
+    host_zero: Departure | None = None,
+) -> bool:
+    """End a running job as succeeded, failed, cancelled or (a sweep's trial) pruned, and a
+    multi-host job's host 0 leaves as `host_zero` says. False when the lease was lost."""
     if status not in FINISHED_STATUSES:
         raise ValueError(f"a job finishes as one of {FINISHED_STATUSES}, not {status!r}")
     if error is not None and len(error) > MAX_ERROR_CHARS:
         error = "…" + error[-MAX_ERROR_CHARS:]
     message = f"finished: {status}" + (f" — {error.strip().splitlines()[-1]}" if error else "")
     with write_tx(engine) as connection:
+        _host_zero_leaves(connection, lease, host_zero)
         result = connection.execute(
             update(Job)
             .where(_owned(lease))
@@ -286,9 +306,13 @@ def finish(engine: Engine, lease: Lease, status: str, error: str | None = None) 
     return True
 
 
-def release(engine: Engine, lease: Lease, reason: str) -> bool:
-    """Give a running job back to the queue without spending an attempt (graceful shutdown)."""
+def release(
+    engine: Engine, lease: Lease, reason: str, *, host_zero: Departure | None = None
+) -> bool:
+    """Give a running job back to the queue without spending an attempt (graceful shutdown);
+    a multi-host job's host 0 leaves as `host_zero` says."""
     with write_tx(engine) as connection:
+        _host_zero_leaves(connection, lease, host_zero)
         result = connection.execute(
             update(Job)
             .where(_owned(lease))
@@ -306,11 +330,15 @@ def release(engine: Engine, lease: Lease, reason: str) -> bool:
     return True
 
 
-def requeue_after_crash(engine: Engine, lease: Lease, reason: str) -> str | None:
+def requeue_after_crash(
+    engine: Engine, lease: Lease, reason: str, *, host_zero: Departure | None = None
+) -> str | None:
     """Back to the queue after the job's process died (the attempt counts), or failed when
-    its attempts are used up. Returns the new status, or None when the lease was lost."""
+    its attempts are used up; a multi-host job's host 0 leaves as `host_zero` says. Returns
+    the new status, or None when the lease was lost."""
     now = utcnow()
     with write_tx(engine) as connection:
+        _host_zero_leaves(connection, lease, host_zero)
         requeued = connection.execute(
             update(Job)
             .where(_owned(lease) & (Job.attempts < Job.max_attempts))

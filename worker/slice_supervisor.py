@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import astuple
 from datetime import UTC, datetime
 
 from db import gang as gang_rows
 from db import queue, workers
 from db.engine import Engine
-from db.gang import AttemptState, Seat
+from db.gang import AttemptState, Departure, Seat
 from db.queue import ClaimedJob
 from worker.gang import GangLimits, GangProblem, judge
 from worker.job_process import EXIT_OK, EXIT_PRUNED, EXIT_STOPPED
@@ -125,42 +126,64 @@ class SliceSupervisor(Supervisor):
         if not self.leads:
             self._leave(running, exit_code)
             return
+        if running.stop_reason == "lease_lost":  # no change of the job is ours to make
+            seat, why = self._seat(running.job), "another worker took the job over"
+            self._with_retries(
+                lambda: gang_rows.leave(self.engine, seat, "done", why), "leave the attempt"
+            )
         problem = self._problem
         if running.stop_reason != "gang" or problem is None or exit_code == EXIT_OK:
             super()._record_outcome(running, exit_code)
             return
         lease = running.job.lease
+        # Host 0 ended the attempt, as the other hosts' processes are told to end: `done`.
+        host_zero = Departure("done", f"it ended the attempt: {problem.reason}")
         if problem.action == "fail":
             ended = self._with_retries(
-                lambda: queue.finish(self.engine, lease, "failed", problem.reason), "fail"
+                lambda: queue.finish(
+                    self.engine, lease, "failed", problem.reason, host_zero=host_zero
+                ),
+                "fail",
             )
             status = "failed" if ended else "not ours any more"
         elif problem.action == "release":
             why = f"{problem.reason}; it resumes from its last checkpoint"
-            released = self._with_retries(lambda: queue.release(self.engine, lease, why), "requeue")
+            released = self._with_retries(
+                lambda: queue.release(self.engine, lease, why, host_zero=host_zero), "requeue"
+            )
             status = "queued" if released else "not ours any more"
         else:
             status = self._with_retries(
-                lambda: queue.requeue_after_crash(self.engine, lease, problem.reason), "requeue"
+                lambda: queue.requeue_after_crash(
+                    self.engine, lease, problem.reason, host_zero=host_zero
+                ),
+                "requeue",
             )
         log.warning("job %d: %s; now %s", running.job.id, problem.reason, status)
         self._try(lambda: workers.worker_job_done(self.engine, self.options.worker_id))
 
+    def _host_zero(self, running: RunningJob, exit_code: int) -> Departure | None:
+        """Host 0 leaves as the other hosts do when their process ends so (`_departure`)."""
+        return self._departure(running, exit_code) if self.leads else None
+
+    def _departure(self, running: RunningJob, exit_code: int) -> Departure:
+        """How a host whose process ended leaves its seat, whichever host it is."""
+        reason = running.stop_reason
+        if reason == "attempt_over":
+            return Departure("done", self._over)
+        if exit_code in (EXIT_OK, EXIT_PRUNED) or reason in ("cancel", "time_limit"):
+            return Departure("done")
+        if reason == "shutdown":
+            return Departure("left", "its worker was shut down")
+        if exit_code < 0 or exit_code == EXIT_STOPPED:
+            killer = _signal_name(-exit_code) if exit_code < 0 else "a stop signal"
+            return Departure("died", f"its training process was killed by {killer}")
+        return Departure("failed", self._error_text(running, exit_code))
+
     def _leave(self, running: RunningJob, exit_code: int) -> None:
         """A joined host's process ended: say how in its row, which host 0 judges."""
-        job, reason = running.job, running.stop_reason
-        why: str | None = None
-        if reason == "attempt_over":
-            state, why = "done", self._over
-        elif exit_code in (EXIT_OK, EXIT_PRUNED) or reason in ("cancel", "time_limit"):
-            state = "done"
-        elif reason == "shutdown":
-            state, why = "left", "its worker was shut down"
-        elif exit_code < 0 or exit_code == EXIT_STOPPED:
-            killer = _signal_name(-exit_code) if exit_code < 0 else "a stop signal"
-            state, why = "died", f"its training process was killed by {killer}"
-        else:
-            state, why = "failed", self._error_text(running, exit_code)
+        job = running.job
+        state, why = astuple(self._departure(running, exit_code))
         seat = self._seat(job)
         self._with_retries(
             lambda: gang_rows.leave(self.engine, seat, state, why), "leave the attempt"

@@ -23,18 +23,21 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, TypeVar
+from typing import IO, TYPE_CHECKING, TypeVar
 
 from alerts.drain import Drainer
 from common.errors import first_line
 from common.files import job_dir
 from db import queue, sweeps, telemetry, workers
 from db.engine import Engine, retry_with_backoff
-from db.queue import ClaimedJob, JobSignal
+from db.queue import ClaimedJob, JobSignal, Lease
 from worker import devices
 from worker.job_channel import Assignment, graph_key, read_done
 from worker.job_process import EXIT_OK, EXIT_PRUNED, EXIT_STOPPED, LOG_PREFIX
 from worker.tpu_slice import LIBTPU_LOCKFILE, clear_libtpu_lockfile
+
+if TYPE_CHECKING:
+    from db.gang import Departure
 
 log = logging.getLogger("worker")
 
@@ -179,6 +182,7 @@ class RunningJob:
         self.stop_sent_at: float | None = None
         self.killed = False
         self.reported_done = False
+        self.error_text: str | None = None  # Supervisor._error_text
         self.output_tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self.output_for_log: list[tuple[str, str]] = []
 
@@ -485,33 +489,26 @@ class Supervisor:
         job, lease, reason = running.job, running.job.lease, running.stop_reason
         if reason == "lease_lost":
             return
+        host_zero = self._host_zero(running, exit_code)
         if exit_code == EXIT_OK:
-            self._with_retries(lambda: queue.finish(self.engine, lease, "succeeded"), "finish")
+            self._finish(lease, "succeeded", None, host_zero)
             log.info("job %d succeeded", job.id)
         elif exit_code == EXIT_PRUNED and reason is None:
-            why = self._error_text(running, exit_code)
-            self._with_retries(lambda: queue.finish(self.engine, lease, "pruned", why), "prune")
+            self._finish(lease, "pruned", self._error_text(running, exit_code), host_zero)
             log.info("job %d pruned", job.id)
         elif reason == "shutdown":
+            why = "its worker was shut down; it resumes from its last checkpoint"
             self._with_retries(
-                lambda: queue.release(
-                    self.engine,
-                    lease,
-                    "its worker was shut down; it resumes from its last checkpoint",
-                ),
-                "requeue",
+                lambda: queue.release(self.engine, lease, why, host_zero=host_zero), "requeue"
             )
             log.info("job %d went back to the queue", job.id)
         elif reason == "cancel":
-            self._with_retries(
-                lambda: queue.finish(self.engine, lease, "cancelled", "cancelled on request"),
-                "cancel",
-            )
+            self._finish(lease, "cancelled", "cancelled on request", host_zero)
             log.info("job %d cancelled", job.id)
         elif reason == "time_limit":
             limit = job.spec.get("time_limit")
             message = f"stopped at its time limit of {limit} s; the last checkpoint is kept"
-            self._with_retries(lambda: queue.finish(self.engine, lease, "failed", message), "fail")
+            self._finish(lease, "failed", message, host_zero)
             log.info("job %d failed: time limit", job.id)
         elif exit_code < 0 or exit_code == EXIT_STOPPED:
             signal_name = _signal_name(-exit_code) if exit_code < 0 else "a stop signal"
@@ -519,16 +516,36 @@ class Supervisor:
             if exit_code == -signal.SIGKILL:
                 why += " (out of memory?)"
             status = self._with_retries(
-                lambda: queue.requeue_after_crash(self.engine, lease, why), "requeue"
+                lambda: queue.requeue_after_crash(self.engine, lease, why, host_zero=host_zero),
+                "requeue",
             )
             log.warning("job %d: %s; now %s", job.id, why, status)
         else:
             error = self._error_text(running, exit_code)
-            self._with_retries(lambda: queue.finish(self.engine, lease, "failed", error), "fail")
+            self._finish(lease, "failed", error, host_zero)
             log.info("job %d failed: %s", job.id, error.strip().splitlines()[-1])
         self._try(lambda: workers.worker_job_done(self.engine, self.options.worker_id))
 
+    def _finish(
+        self, lease: Lease, status: str, error: str | None, host_zero: Departure | None
+    ) -> None:
+        self._with_retries(
+            lambda: queue.finish(self.engine, lease, status, error, host_zero=host_zero),
+            f"record the job as {status}",
+        )
+
+    def _host_zero(self, running: RunningJob, exit_code: int) -> Departure | None:
+        """How host 0 of a multi-host job leaves its seat as its job ends (SliceSupervisor):
+        in the transaction of the job's change. A single-host job has no seat."""
+        return None
+
     def _error_text(self, running: RunningJob, exit_code: int) -> str:
+        """The process's error, read once (its file goes): the job and its host row get it."""
+        if running.error_text is None:
+            running.error_text = self._read_error(running, exit_code)
+        return running.error_text
+
+    def _read_error(self, running: RunningJob, exit_code: int) -> str:
         try:
             with open(running.error_file, encoding="utf-8") as handle:
                 text = handle.read().strip()

@@ -127,3 +127,21 @@ def test_a_cancel_reaches_every_host_through_its_beat(engine):
     assert state.current(Seat(job_id, lease.lease, 1)) and state.cancel_requested
     with pytest.raises(ValueError):
         gang.leave(engine, Seat(job_id, lease.lease, 1), "joined")
+
+
+def test_host_0_leaves_in_the_change_that_ends_the_attempt(engine):
+    job_id = _submit(engine)
+    lease = queue.claim(engine, "h0", slice_name=SLICE, hosts=2).lease
+    why = "it ended the attempt: host 1 of slice pod-a died"
+    host_zero = gang.Departure("done", why)
+    assert queue.requeue_after_crash(engine, lease, "host 1 died", host_zero=host_zero) == "queued"
+    [row] = gang.members(engine, job_id, lease.lease)
+    assert (row.state, row.reason) == ("done", why)
+    assert not any("host 0 left" in message for message in _messages(engine, job_id)), (
+        "the job's own event says why the attempt ended"
+    )
+    single = queue.submit(engine, {})
+    assert queue.finish(engine, queue.claim(engine, "w").lease, "succeeded", host_zero=host_zero)
+    assert queue.get_job(engine, single).status == "succeeded", "a job without seats ends alike"
+    with pytest.raises(ValueError):
+        gang.Departure("joined")

@@ -170,6 +170,7 @@ def test_a_two_host_job_trains_once_both_hosts_are_ready_and_only_process_0_writ
     _finish(one)
     job = queue.get_job(engine, job_id)
     assert (job.status, job.attempts) == ("succeeded", 2), job.error
+    assert [row.state for row in gang.members(engine, job_id, 2)] == ["done", "done"]
     assert _batch_steps(engine, job_id) == list(range(2 * STEPS_PER_EPOCH))
     assert [step for step, _ in metric_series(engine, job_id, "epoch/valid_loss")] == [0, 1]
     assert count_metric_duplicates(engine, job_id) == 0
@@ -208,8 +209,8 @@ def test_a_four_host_job_trains_once_all_four_joined_and_only_process_0_writes(
     assert (job.status, job.attempts) == ("succeeded", 1), job.error
     rows = gang.members(engine, job_id, 1)
     assert [(row.host, row.step) for row in rows] == [(host, STEPS_PER_EPOCH) for host in range(4)]
-    # Host 0 ends the attempt through the job's status; the others leave their rows.
-    assert [row.state for row in rows[1:]] == ["done"] * 3
+    # Host 0 leaves with the job's status; the others leave as their processes end.
+    assert [row.state for row in rows] == ["done"] * 4
     # One point per step, from process 0 alone, and none before the fourth host was ready.
     assert _batch_steps(engine, job_id) == list(range(STEPS_PER_EPOCH))
     assert count_metric_duplicates(engine, job_id) == 0
@@ -291,4 +292,6 @@ def test_a_killed_or_hung_host_requeues_the_whole_job_which_resumes_from_the_sto
     assert _batch_steps(engine, job_id) == list(range(3 * STEPS_PER_EPOCH)), "a point was lost"
     assert [step for step, _ in metric_series(engine, job_id, "epoch/valid_loss")] == [0, 1, 2]
     assert count_metric_duplicates(engine, job_id) == 0
-    assert [row.state for row in gang.members(engine, job_id, 1)] == ["joined", "died"]
+    # Host 0 ended attempt 1 when host 1 died; both left attempt 3, which succeeded.
+    assert [row.state for row in gang.members(engine, job_id, 1)] == ["done", "died"]
+    assert [row.state for row in gang.members(engine, job_id, 3)] == ["done", "done"]

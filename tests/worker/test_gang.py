@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 from typing import ClassVar
 
 import pytest
@@ -17,7 +18,10 @@ from db.gang import HostRow, Seat
 from db.telemetry import MetricPoint, metric_series
 from tests.support.workers import run_python, run_worker
 from worker.gang import GangLimits, GangProblem, judge
+from worker.job_process import EXIT_OK
 from worker.reporter import Progress, TelemetryWriter
+from worker.slice_supervisor import SliceSupervisor
+from worker.supervisor import SupervisorOptions
 from worker.tpu_slice import SliceError, SliceHost, clear_libtpu_lockfile, find_slice
 from worker.tpu_slice import metadata_attribute as read_metadata
 
@@ -195,6 +199,36 @@ def test_a_slice_worker_refuses_a_store_its_hosts_do_not_share(sqlite_engine):
         "traindeck: this worker is host 1 of the 2 hosts of slice s, whose hosts resume each "
         "job from the store's checkpoint: set TRAINDECK_STORE to a gs:// bucket they share"
     )
+
+
+# --- how host 0 leaves its seat ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "status", "state", "reason"),
+    [(EXIT_OK, "succeeded", "done", None), (1, "failed", "failed", "ValueError: bad batch")],
+)
+def test_host_0_leaves_with_the_jobs_end_as_the_other_hosts_do(
+    engine, tmp_path, exit_code, status, state, reason
+):
+    job_id = queue.submit(engine, {"hosts": 2})
+    place = SliceHost("pod", 0, 2)
+    host_zero = SliceSupervisor(engine, SupervisorOptions("w0"), place, LIMITS)
+    claimed = host_zero._claim()
+    gang.join(engine, "w1", "pod", 2, 1)
+    error_file = tmp_path / "error.txt"
+    error_file.write_text(reason or "")
+    # What _record_outcome reads of a RunningJob, without a process.
+    ended = SimpleNamespace(
+        job=claimed, stop_reason=None, error_file=str(error_file), output_tail=[], error_text=None
+    )
+    host_zero._record_outcome(ended, exit_code)
+
+    job = queue.get_job(engine, job_id)
+    assert (job.status, job.error) == (status, reason)
+    [zero, one] = gang.members(engine, job_id, claimed.lease.lease)
+    assert (zero.state, zero.reason) == (state, reason)
+    assert one.state == "joined", "host 1 leaves when its own process ends"
 
 
 # --- what a gang's process writes -----------------------------------------------------------
