@@ -31,7 +31,6 @@ work run (`settle_between_fits`).
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import json
 import os
@@ -129,13 +128,13 @@ def bare_fit(learn: Any, place: Any, epochs: int) -> tuple[float, float]:
 
 def child(args: argparse.Namespace) -> None:
     """Run both arms on this process's devices; print one JSON line of figures."""
-    import torch
     import torch_xla
     import torch_xla.core.xla_model as xm
     from fastai.torch_core import set_seed
 
     from bench._fit import check_fit_finished, instrument_like_worker, prepare_digits_fit
     from worker import spmd
+    from worker.layer_forward import override_forward
     from worker.training import build_learner
 
     bench = prepare_digits_fit("traindeck-xla-limit-", args.epochs, args.img_size, args.bs, True)
@@ -155,9 +154,7 @@ def child(args: argparse.Namespace) -> None:
                 learn, bench.engine, spec, folder, setup.label, args.epochs, True
             )
         elif setup.parallel is not None:  # the batch-norm layers as the worker's fit runs them
-            for layer in learn.model.modules():
-                if isinstance(layer, torch.nn.modules.batchnorm._BatchNorm):
-                    layer.forward = functools.partial(spmd.partitionable_batch_norm, layer)
+            override_forward(learn.model, spmd.is_batch_norm, spmd.partitionable_batch_norm)
         settle_between_fits()
         before = _counters()
         started, cpu_started = time.perf_counter(), time.process_time()

@@ -10,7 +10,6 @@ those chunks, a few steps late, instead of from fastai's Recorder at every batch
 
 from __future__ import annotations
 
-import functools
 import gc
 import logging
 import math
@@ -29,6 +28,7 @@ from db.telemetry import BATCH, EPOCH, MetricPoint
 from worker import device_values
 from worker.device_values import StepValue
 from worker.failpoints import LR_FIND_TMP_SAVED, VALIDATION_STARTED, failpoint
+from worker.layer_forward import override_forward, restore_forward
 from worker.reporter import Progress, TelemetryWriter
 
 log = logging.getLogger("worker.training")
@@ -415,6 +415,10 @@ def conv_in_fp32_on_one_pixel(module: nn.Conv2d, x: torch.Tensor) -> torch.Tenso
     return type(module).forward(module, x)
 
 
+def _strided_convolution(module: nn.Module) -> bool:
+    return isinstance(module, nn.Conv2d) and max(module.stride) > 1
+
+
 class AutocastCallback(Callback):
     """bf16 autocast around the forward pass and the loss (XLA, CUDA or CPU); no loss scaling.
 
@@ -427,22 +431,16 @@ class AutocastCallback(Callback):
 
     def __init__(self, device_type: str):
         self.device_type = device_type
-        self.patched: list[nn.Conv2d] = []
+        self.patched: list[nn.Module] = []
 
     def before_fit(self) -> None:
-        if self.device_type != "cpu":
-            return
-        self.patched = [
-            module
-            for module in self.learn.model.modules()
-            if isinstance(module, nn.Conv2d) and max(module.stride) > 1
-        ]
-        for conv in self.patched:
-            conv.forward = functools.partial(conv_in_fp32_on_one_pixel, conv)
+        if self.device_type == "cpu":
+            self.patched = override_forward(
+                self.learn.model, _strided_convolution, conv_in_fp32_on_one_pixel
+            )
 
     def after_fit(self) -> None:
-        for conv in self.patched:
-            conv.__dict__.pop("forward", None)
+        restore_forward(self.patched)
         self.patched = []
 
     def before_batch(self) -> None:

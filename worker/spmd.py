@@ -27,6 +27,8 @@ from fastai.callback.core import Callback
 from fastai.torch_core import retain_types
 from torch import nn
 
+from worker.layer_forward import override_forward, restore_forward
+
 MESH_AXIS = "data"
 CPU_DEVICES_VARIABLE = "CPU_NUM_DEVICES"
 
@@ -165,6 +167,10 @@ def partitionable_batch_norm(module: nn.modules.batchnorm._BatchNorm, x: torch.T
     return normalised.to(x.dtype)
 
 
+def is_batch_norm(module: nn.Module) -> bool:
+    return isinstance(module, nn.modules.batchnorm._BatchNorm)
+
+
 class PartitionableBatchNormCallback(Callback):
     """While a fit runs, the model's batch-norm layers compute as `partitionable_batch_norm`.
 
@@ -176,17 +182,10 @@ class PartitionableBatchNormCallback(Callback):
     order = -25
 
     def before_fit(self) -> None:
-        self.layers = [
-            module
-            for module in self.learn.model.modules()
-            if isinstance(module, nn.modules.batchnorm._BatchNorm)
-        ]
-        for layer in self.layers:
-            layer.forward = functools.partial(partitionable_batch_norm, layer)
+        self.layers = override_forward(self.learn.model, is_batch_norm, partitionable_batch_norm)
 
     def after_fit(self) -> None:
-        for layer in self.layers:
-            layer.__dict__.pop("forward", None)
+        restore_forward(self.layers)
         self.layers = []
 
 
