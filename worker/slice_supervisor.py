@@ -139,12 +139,7 @@ class SliceSupervisor(Supervisor):
         # Host 0 ended the attempt, as the other hosts' processes are told to end: `done`.
         host_zero = Departure("done", f"it ended the attempt: {problem.reason}")
         if problem.action == "fail":
-            ended = self._with_retries(
-                lambda: queue.finish(
-                    self.engine, lease, "failed", problem.reason, host_zero=host_zero
-                ),
-                "fail",
-            )
+            ended = self._finish(lease, "failed", problem.reason, host_zero)
             status = "failed" if ended else "not ours any more"
         elif problem.action == "release":
             why = f"{problem.reason}; it resumes from its last checkpoint"

@@ -528,8 +528,9 @@ class Supervisor:
 
     def _finish(
         self, lease: Lease, status: str, error: str | None, host_zero: Departure | None
-    ) -> None:
-        self._with_retries(
+    ) -> bool | None:
+        """queue.finish, retried: False when the lease was lost, None when it gave up."""
+        return self._with_retries(
             lambda: queue.finish(self.engine, lease, status, error, host_zero=host_zero),
             f"record the job as {status}",
         )
